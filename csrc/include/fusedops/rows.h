@@ -1,0 +1,77 @@
+// Addressing the rows of a tensor that is reduced over its last dimension.
+//
+// Kernels take the leading ("row") dimensions with their strides rather than asking for a
+// contiguous input: x[:, :n] of a wider buffer, a transposed batch/sequence pair or a sliced
+// batch all run without a copy. The leading dimensions are first collapsed (dimensions of size
+// 1 dropped, neighbours that are contiguous with each other merged), so the common cases reach
+// the kernel as a single row stride.
+#pragma once
+
+#include <cstdint>
+
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#if defined(__CUDACC__)
+#define FUSEDOPS_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define FUSEDOPS_HOST_DEVICE inline
+#endif
+
+namespace fusedops {
+
+struct RowLayout {
+  // Beyond this many leading dimensions (after collapsing) the caller makes a contiguous copy.
+  static constexpr int kMaxDims = 4;
+  int ndim = 0;  // 0: a single row
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};
+
+  // Element offset of row `row` (row-major over the leading dimensions).
+  FUSEDOPS_HOST_DEVICE int64_t offset(int64_t row) const {
+    if (ndim == 1) return row * strides[0];
+    int64_t off = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      const int64_t i = row % sizes[d];
+      row /= sizes[d];
+      off += i * strides[d];
+    }
+    return off;
+  }
+
+  FUSEDOPS_HOST_DEVICE bool is_single_stride() const { return ndim <= 1; }
+  FUSEDOPS_HOST_DEVICE int64_t stride0() const { return ndim == 0 ? 0 : strides[0]; }
+};
+
+// `t` itself when already contiguous (no dispatcher call), else a contiguous copy.
+inline torch::stable::Tensor as_contiguous(const torch::stable::Tensor& t) {
+  return t.is_contiguous() ? t : torch::stable::contiguous(t);
+}
+
+// Collapses the leading dimensions of `t`. Returns false when more than kMaxDims remain.
+inline bool collapse_rows(const torch::stable::Tensor& t, RowLayout& out) {
+  out = RowLayout{};
+  int64_t sizes[64], strides[64];
+  int n = 0;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    const int64_t size = t.size(d);
+    if (size == 1) continue;
+    if (n > 0 && strides[n - 1] == t.stride(d) * size) {
+      sizes[n - 1] *= size;  // the previous dimension steps over whole blocks of this one
+      strides[n - 1] = t.stride(d);
+    } else {
+      sizes[n] = size;
+      strides[n] = t.stride(d);
+      ++n;
+    }
+  }
+  if (n > RowLayout::kMaxDims) return false;
+  out.ndim = n;
+  for (int d = 0; d < n; ++d) {
+    out.sizes[d] = sizes[d];
+    out.strides[d] = strides[d];
+  }
+  return true;
+}
+
+}  // namespace fusedops

@@ -1,0 +1,87 @@
+"""Loads the native libraries after checking that they fit the torch in this process.
+
+fusedops/_C holds every schema and the CPU kernels; fusedops/_C_cuda the CUDA kernels. Both
+target torch's stable ABI of 2.10, so they load on any torch from 2.10 on; _C_cuda also needs
+the CUDA major version it was compiled with. FUSEDOPS_BACKEND chooses what serves CUDA tensors:
+"auto" (the CUDA kernels when built, else Triton), "cuda" or "triton".
+"""
+
+import importlib
+import os
+
+import torch
+
+TORCH_TARGET = (2, 10)
+BACKENDS = ("auto", "cuda", "triton")
+
+# What serves CUDA tensors once load() has run: "cuda", "triton", or None without CUDA torch.
+cuda_backend = None
+
+
+class IncompatibleBuildError(ImportError):
+    """The installed fusedops binaries do not fit this torch."""
+
+
+def _version_tuple(v):
+    parts = v.split("+")[0].split(".")
+    return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts[:2])
+
+
+def build_info():
+    """How this install's native libraries were built (torch, CUDA, archs, compilers)."""
+    try:
+        from ._build_info import BUILD_INFO
+    except ImportError as e:
+        raise IncompatibleBuildError(
+            "fusedops: the native libraries are not built in this checkout; build them with "
+            "`pip install --no-build-isolation -e .` (see README.md)"
+        ) from e
+    return dict(BUILD_INFO)
+
+
+def requested_backend():
+    backend = os.environ.get("FUSEDOPS_BACKEND", "auto").strip().lower() or "auto"
+    if backend not in BACKENDS:
+        raise ValueError(f"FUSEDOPS_BACKEND must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    return backend
+
+
+def load():
+    """Loads _C (and _C_cuda where it applies) and sets `cuda_backend`."""
+    global cuda_backend
+    cuda_backend = _load()
+    return cuda_backend
+
+
+def _load():
+    info = build_info()
+    if _version_tuple(torch.__version__) < TORCH_TARGET:
+        raise IncompatibleBuildError(
+            f"fusedops needs torch >= {TORCH_TARGET[0]}.{TORCH_TARGET[1]} (its binaries target that "
+            f"stable ABI), found torch {torch.__version__}: upgrade torch"
+        )
+    importlib.import_module("fusedops._C")
+    if not torch.version.cuda:
+        return None
+    backend = requested_backend()
+    if backend == "triton":
+        return "triton"
+    if not info["cuda_built"]:
+        if backend == "cuda":
+            raise IncompatibleBuildError(
+                "FUSEDOPS_BACKEND=cuda but this fusedops was built without CUDA kernels "
+                f"(built against torch {info['torch']} with CUDA {info['torch_cuda'] or 'none'}); "
+                "rebuild from source with a CUDA toolkit and a CUDA torch"
+            )
+        return "triton"
+    built_major = info["torch_cuda"].split(".")[0]
+    found_major = torch.version.cuda.split(".")[0]
+    if built_major != found_major:
+        raise IncompatibleBuildError(
+            f"fusedops' CUDA kernels were built for CUDA {info['torch_cuda']} but torch "
+            f"{torch.__version__} uses CUDA {torch.version.cuda}: install a fusedops built for CUDA "
+            f"{found_major}, rebuild from source (`pip install --no-build-isolation .`), or set "
+            "FUSEDOPS_BACKEND=triton"
+        )
+    importlib.import_module("fusedops._C_cuda")
+    return "cuda"

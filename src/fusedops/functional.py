@@ -1,0 +1,30 @@
+"""The public functional API: defaults, documentation, and the outputs users want.
+
+Each function is a thin call into the registered op (torch.ops.fusedops.<op>), so autograd,
+autocast, torch.compile and the fake kernels all come from the op's registration."""
+
+from typing import Optional
+
+from torch import Tensor
+
+from .ops import rms_norm as _rms_norm
+
+_rms_norm_op = _rms_norm.forward
+
+
+def rms_norm(input: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6) -> Tensor:
+    r"""Root-mean-square normalisation over the last dimension.
+
+    .. math:: y = \frac{x}{\sqrt{\operatorname{mean}(x^2) + \epsilon}} \cdot w
+
+    Args:
+        input: ``(..., n)`` tensor, float32, bfloat16, float16 or float64; any strides on the
+            leading dimensions (no copy is made unless the last dimension is strided).
+        weight: optional ``(n,)`` scale, in input's dtype or float32 (with bf16/fp16 input).
+        eps: added to the mean square before the square root.
+
+    Returns:
+        A contiguous tensor of input's shape and dtype. The math is float32 (float64 for
+        float64 input) whatever the storage dtype.
+    """
+    return _rms_norm_op(input, weight, eps)[0]

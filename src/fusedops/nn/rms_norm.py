@@ -1,0 +1,62 @@
+"""fusedops.nn.RMSNorm: a drop-in for torch.nn.RMSNorm."""
+
+import numbers
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from ..functional import rms_norm
+
+
+class RMSNorm(torch.nn.Module):
+    """Same constructor, attributes and state_dict keys as :class:`torch.nn.RMSNorm`
+    (``weight`` when ``elementwise_affine``), computed by :func:`fusedops.rms_norm`.
+
+    As in torch, ``eps=None`` means ``torch.finfo(input.dtype).eps``. A ``normalized_shape`` of
+    several dimensions normalises over all of them (those trailing dimensions are flattened into
+    one, which copies only if they cannot be viewed as one).
+    """
+
+    __constants__ = ["normalized_shape", "eps", "elementwise_affine"]
+
+    def __init__(
+        self,
+        normalized_shape: Union[int, Sequence[int]],
+        eps: Optional[float] = None,
+        elementwise_affine: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            torch.nn.init.ones_(self.weight)
+
+    def forward(self, input: Tensor) -> Tensor:
+        k = len(self.normalized_shape)
+        if tuple(input.shape[-k:]) != self.normalized_shape:
+            raise ValueError(
+                f"RMSNorm: input's trailing shape {list(input.shape[-k:])} does not match "
+                f"normalized_shape {list(self.normalized_shape)}"
+            )
+        eps = torch.finfo(input.dtype).eps if self.eps is None else self.eps
+        if k == 1:
+            return rms_norm(input, self.weight, eps)
+        flat = input.reshape(*input.shape[:-k], -1)
+        weight = None if self.weight is None else self.weight.reshape(-1)
+        return rms_norm(flat, weight, eps).view(input.shape)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

@@ -1,0 +1,1 @@
+"""Triton implementations of the fused operators."""
