@@ -116,8 +116,8 @@ void backward_kernel(const Problem& p, const RowLayout& dy_rows, const T* dy, co
 std::tuple<Tensor, Tensor> rms_norm_cpu(Tensor input, std::optional<Tensor> weight, double eps) {
   const Problem p = forward_problem(input, weight, eps);
   const ScalarType xt = input.scalar_type();
-  Tensor out = torch::stable::new_empty(input, shape_of(input));
-  Tensor rstd = torch::stable::new_empty(input, row_shape(input), acc_dtype(xt));
+  Tensor out = empty_like_device(input, shape_of(input), xt);
+  Tensor rstd = empty_like_device(input, row_shape(input), acc_dtype(xt));
   if (p.num_rows == 0) return {out, rstd};
   dispatch_float(xt, "rms_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -147,10 +147,10 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cpu(Tensor grad_output, Tensor inpu
   const Tensor dy = with_row_layout(grad_output, dy_rows);
   const Tensor rstd_c = as_contiguous(rstd);
   const ScalarType xt = input.scalar_type();
-  Tensor grad_input = torch::stable::new_empty(input, shape_of(input));
+  Tensor grad_input = empty_like_device(input, shape_of(input), xt);
   const bool want_dw = weight.has_value() && weight_requires_grad;
-  Tensor grad_weight = want_dw ? torch::stable::new_empty(*weight, {p.n})
-                               : torch::stable::new_empty(input, {0}, weight ? weight->scalar_type() : xt);
+  Tensor grad_weight = want_dw ? empty_like_device(*weight, {p.n}, weight->scalar_type())
+                               : empty_like_device(input, {0}, weight ? weight->scalar_type() : xt);
   if (!want_dw && p.num_rows == 0) return {grad_input, grad_weight};
   if (p.num_rows == 0 || p.n == 0) {
     torch::stable::zero_(grad_weight);
@@ -172,7 +172,7 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cpu(Tensor grad_output, Tensor inpu
     dispatch_weight<T>(p.weight->scalar_type(), [&](auto wtag) {
       using W = typename decltype(wtag)::type;
       Tensor partial;
-      if (want_dw) partial = torch::stable::new_empty(input, {chunks, p.n}, acc_dtype(xt));
+      if (want_dw) partial = empty_like_device(input, {chunks, p.n}, acc_dtype(xt));
       backward_kernel<T, W>(p, dy_rows, g, x, p.weight->const_data_ptr<W>(), rs, dx,
                             want_dw ? grad_weight.mutable_data_ptr<W>() : nullptr,
                             want_dw ? partial.mutable_data_ptr<A>() : nullptr, chunks);

@@ -7,6 +7,7 @@ from typing import Optional
 
 from torch import Tensor
 
+from ._native import PRECHECK_ARGUMENTS
 from .ops import rms_norm as _rms_norm
 
 _rms_norm_op = _rms_norm.forward
@@ -27,4 +28,6 @@ def rms_norm(input: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6) 
         A contiguous tensor of input's shape and dtype. The math is float32 (float64 for
         float64 input) whatever the storage dtype.
     """
+    if PRECHECK_ARGUMENTS:
+        _rms_norm.check_forward(input, weight, eps)
     return _rms_norm_op(input, weight, eps)[0]

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One call on the GPU machine does everything that needs the GPU: build, the GPU test suites for
+# both CUDA backends, compute-sanitizer over them, and the benchmarks. Logs and results go to
+# $OUT (default ./gpu-out). Choose steps with STEPS=build,test,sanitize,bench (default: all).
+# Peers that are not installed there (liger-kernel, expecttest) travel as wheels in .whl/.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+STEPS=${STEPS:-build,test,sanitize,bench}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+status=0
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+if has build; then
+  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} FUSEDOPS_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} \
+    python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  grep -E "spill|warning" "$OUT/build.log" | head -5
+  python3 -m fusedops 2>&1 | tee "$OUT/selfcheck.log" | tail -25
+fi
+for backend in cuda triton; do
+  if has test; then
+    FUSEDOPS_BACKEND=$backend timeout 400 python3 -m pytest -m gpu tests -q -p no:cacheprovider -x -rs \
+      >"$OUT/test-$backend.log" 2>&1 || status=1
+    echo "tests ($backend): $(tail -1 "$OUT/test-$backend.log")"
+  fi
+  if has sanitize; then
+    FUSEDOPS_BACKEND=$backend timeout 500 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      python3 -m pytest -m gpu tests/test_ops.py tests/test_cuda.py -q -p no:cacheprovider \
+      -k "not 2_31 and not compile and not gradcheck" >"$OUT/sanitizer-$backend.log" 2>&1 || status=1
+    echo "compute-sanitizer ($backend): $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$backend.log" | tail -1) $(tail -1 "$OUT/sanitizer-$backend.log")"
+  fi
+done
+if has bench; then
+  mkdir -p "$OUT/bench"
+  python3 benchmarks/run.py --device cuda --out "$OUT/bench" ${BENCH_ARGS:-} >"$OUT/bench-cuda.log" 2>&1 || status=1
+  FUSEDOPS_BACKEND=triton python3 benchmarks/run.py --device cuda --out "$OUT/bench" --append \
+    --providers fusedops ${BENCH_ARGS:-} >"$OUT/bench-triton.log" 2>&1 || status=1
+  tail -40 "$OUT/bench-triton.log"
+fi
+exit $status

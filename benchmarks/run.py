@@ -1,0 +1,204 @@
+"""Command line of the fusedops benchmarks.
+
+Run from the repository root, either way:
+
+    python benchmarks/run.py [options]
+    python -m benchmarks.run [options]
+
+See ``benchmarks/README.md`` or ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Started as a script: make the repository root importable so that
+    # ``benchmarks`` resolves as a package, exactly as under ``python -m``.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from benchmarks import harness  # noqa: E402
+from benchmarks.ops import load_entries  # noqa: E402
+
+
+def _csv_list(text):
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("empty list")
+    return items
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/run.py",
+        description="Benchmark fusedops operators against their peers (one harness for every op).",
+    )
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                        help="default: cuda if available, else cpu")
+    parser.add_argument("--ops", type=_csv_list, default=None,
+                        help="comma-separated op names (default: every entry in benchmarks/ops)")
+    parser.add_argument("--modes", type=_csv_list, default=list(harness.MODES),
+                        help="comma-separated subset of fwd,bwd,fwd+bwd (default: all)")
+    parser.add_argument("--providers", type=_csv_list, default=None,
+                        help="comma-separated provider filter: a key (eager, torch.compile, liger, quack, "
+                             "fusedops, fusedops-raw), a label (fusedops-triton) or a glob; "
+                             "'fusedops' matches every fusedops-<backend> (default: all default providers)")
+    parser.add_argument("--shapes", choices=("small", "large", "all"), default="all")
+    parser.add_argument("--quick", action="store_true",
+                        help="few repetitions, for smoke tests (numbers are not measurements)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results directory (default: benchmarks/results/<machine>, "
+                             "machine = GPU model such as h200, or cpu)")
+    parser.add_argument("--append", action="store_true",
+                        help="merge into the results already in --out (same op/device/mode/shape/dtype/"
+                             "provider rows are replaced) instead of overwriting them")
+    parser.add_argument("--fusedops-backends", type=_csv_list, default=None, metavar="LIST",
+                        help="run the peers here, then fusedops once per backend in a child process with "
+                             "FUSEDOPS_BACKEND=<backend> (the value 'default' leaves it unset), merging all "
+                             "into one table; e.g. --fusedops-backends cuda,triton")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before running")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-plot", action="store_true", help="do not write the PNG plots")
+    parser.add_argument("--report-only", action="store_true",
+                        help="only rewrite results.md / plots / summary from the CSV in --out")
+    parser.add_argument("--list", action="store_true",
+                        help="list ops, cases and provider availability on the device, then exit")
+    parser.add_argument("--no-summary", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    bad = [m for m in args.modes if m not in harness.MODES]
+    if bad:
+        parser.error(f"unknown mode(s) {bad}; choose from {','.join(harness.MODES)}")
+    return args
+
+
+def command_line() -> str:
+    prefix = ""
+    backend = os.environ.get("FUSEDOPS_BACKEND")
+    if backend is not None:
+        prefix = f"FUSEDOPS_BACKEND={shlex.quote(backend)} "
+    if __package__:
+        program = f"python -m {__package__}.run"
+    else:
+        program = "python " + shlex.quote(os.path.relpath(sys.argv[0], harness.REPO_ROOT))
+    return prefix + " ".join([program] + [shlex.quote(a) for a in sys.argv[1:]])
+
+
+def _child_argv(args, device, out_dir, providers):
+    argv = ["--device", device, "--modes", ",".join(args.modes), "--shapes", args.shapes,
+            "--out", str(out_dir), "--seed", str(args.seed), "--append", "--no-summary",
+            "--providers", ",".join(providers)]
+    if args.ops:
+        argv += ["--ops", ",".join(args.ops)]
+    if args.quick:
+        argv.append("--quick")
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    if args.no_plot:
+        argv.append("--no-plot")
+    return argv
+
+
+def _subject_filter(args, entries):
+    """The --providers items that concern fusedops, for the per-backend children."""
+    subjects = [p for e in entries.values() for p in e.providers if p.role == "subject"]
+    if args.providers is None:
+        return sorted({p.key for p in subjects if p.default})
+    return [f for f in args.providers
+            if any(f.startswith(p.key) or p.key.startswith(f) or any(c in f for c in "*?[")
+                   for p in subjects)]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    all_entries = load_entries()
+    if args.ops:
+        unknown = [o for o in args.ops if o not in all_entries]
+        if unknown:
+            print(f"error: unknown op(s) {unknown}; known: {', '.join(all_entries)}", file=sys.stderr)
+            return 2
+        entries = {name: all_entries[name] for name in args.ops}
+    else:
+        entries = all_entries
+
+    out_dir = (args.out or harness.RESULTS_DIR / harness.machine_name(device)).resolve()
+
+    if args.list:
+        settings = harness.Settings(device=device, providers=args.providers)
+        for entry in entries.values():
+            print(f"{entry.name}: {entry.bytes_model}")
+            for case in harness.select_cases(entry, device, args.shapes):
+                print(f"  case {case.shape_str} {harness.dtype_name(case.dtype)} ({case.size})")
+            for provider, probe in harness.select_providers(entry, settings):
+                state = "available" if probe.ok else "unavailable"
+                extra = f" [{probe.reason}]" if probe.reason else ""
+                version = f" {probe.version}" if probe.version else ""
+                print(f"  provider {probe.label}{version}: {state}{extra}")
+        return 0
+
+    if not args.report_only:
+        settings = harness.Settings(
+            device=device,
+            modes=tuple(args.modes),
+            providers=args.providers,
+            shapes=args.shapes,
+            quick=args.quick,
+            seed=args.seed,
+            skip_roles=("subject",) if args.fusedops_backends else (),
+        )
+        run = harness.collect_run_info(device, command_line(), args.quick)
+        print(f"fusedops benchmarks: {run['device_name']} [{device}], torch {run['torch']}, "
+              f"{run['threads']} threads, out={out_dir}", flush=True)
+        run.update(harness.copy_bandwidth(device))
+        print(f"copy bandwidth: {run['copy_tbps']:.4g} TB/s "
+              f"({run['copy_bytes'] / 2**20:.0f} MiB, read + write)", flush=True)
+        rows = []
+        for entry in entries.values():
+            rows.extend(harness.run_entry(entry, settings, run))
+        harness.save_results(out_dir, rows, run, append=args.append)
+
+        if args.fusedops_backends:
+            providers = _subject_filter(args, entries)
+            if providers:
+                for backend in args.fusedops_backends:
+                    env = dict(os.environ)
+                    env.pop("FUSEDOPS_BACKEND", None)
+                    if backend != "default":
+                        env["FUSEDOPS_BACKEND"] = backend
+                    child = [sys.executable, "-m", "benchmarks.run",
+                             *_child_argv(args, device, out_dir, providers)]
+                    print(f"\n--- fusedops with FUSEDOPS_BACKEND={env.get('FUSEDOPS_BACKEND', '(unset)')}: "
+                          f"{' '.join(shlex.quote(c) for c in child)}", flush=True)
+                    done = subprocess.run(child, cwd=harness.REPO_ROOT, env=env)
+                    if done.returncode != 0:
+                        print(f"warning: the FUSEDOPS_BACKEND={backend} run exited with "
+                              f"{done.returncode}", flush=True)
+
+    if not (out_dir / "results.csv").exists():
+        print(f"error: no results.csv in {out_dir}", file=sys.stderr)
+        return 2
+    rows, summary = harness.write_reports(out_dir, load_entries(), plot=not args.no_plot)
+    if not args.no_summary:
+        print(summary)
+    print(f"\nwrote {out_dir / 'results.csv'}, {out_dir / 'results.md'} "
+          f"({len(rows)} rows) in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

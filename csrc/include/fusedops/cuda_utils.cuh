@@ -1,0 +1,149 @@
+// Helpers shared by the CUDA kernels: storage types and conversions, 16-byte vector access,
+// row reductions, and the launch plumbing (current stream, device properties, error checks).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include "fusedops/dispatch.h"
+
+namespace fusedops::cuda {
+
+// torch's storage types mapped to CUDA's, which have device conversions.
+template <typename T> struct Device { using type = T; };
+template <> struct Device<BFloat16> { using type = __nv_bfloat16; };
+template <> struct Device<Half> { using type = __half; };
+template <typename T> using device_t = typename Device<T>::type;
+
+template <typename T> struct Acc { using type = float; };
+template <> struct Acc<double> { using type = double; };
+template <typename T> using acc_t = typename Acc<T>::type;
+
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+
+template <typename T> __device__ __forceinline__ T from_acc(acc_t<T> v);
+template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
+template <> __device__ __forceinline__ double from_acc<double>(double v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+
+// N elements of T loaded or stored together (16 bytes when N * sizeof(T) == 16).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+
+// Read-only data reused by many blocks (a norm's weight): through the non-coherent cache.
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec_ldg(const T* p) {
+  Vec<T, N> out;
+  if constexpr (sizeof(Vec<T, N>) % 16 == 0) {
+    constexpr int kChunks = sizeof(Vec<T, N>) / 16;
+    uint4 raw[kChunks];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) raw[c] = __ldg(reinterpret_cast<const uint4*>(p) + c);
+    out = *reinterpret_cast<const Vec<T, N>*>(raw);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) out.v[k] = __ldg(p + k);
+  }
+  return out;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
+  *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+
+// Raw bits of one converted value, for packing 16-bit results into 32-bit words in registers
+// (assembling an array of __nv_bfloat16 objects goes through local memory).
+__device__ __forceinline__ uint32_t to_bits(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+__device__ __forceinline__ uint32_t to_bits(__half v) { return __half_as_ushort(v); }
+
+// Converts VEC accumulator values to T and stores them with one vector store.
+template <typename T, int VEC>
+__device__ __forceinline__ void store_from_acc(T* p, const acc_t<T> (&vals)[VEC]) {
+  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+    uint32_t words[VEC / 2];
+#pragma unroll
+    for (int k = 0; k < VEC / 2; ++k)
+      words[k] = to_bits(from_acc<T>(vals[2 * k])) | (to_bits(from_acc<T>(vals[2 * k + 1])) << 16);
+    if constexpr (VEC == 8) {
+      *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+    } else if constexpr (VEC == 4) {
+      *reinterpret_cast<uint2*>(p) = make_uint2(words[0], words[1]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC / 2; ++k) reinterpret_cast<uint32_t*>(p)[k] = words[k];
+    }
+  } else {
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) out.v[k] = from_acc<T>(vals[k]);
+    store_vec<T, VEC>(p, out);
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over the blockDim.x threads that share threadIdx.y (one row of a 2-D block). `scratch`
+// holds blockDim.y * 32 values. Every thread of the block must call it (it may synchronise).
+template <typename A>
+__device__ __forceinline__ A row_sum(A v, A* scratch) {
+  v = warp_sum(v);
+  if (blockDim.x <= 32) return v;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  A* mine = scratch + threadIdx.y * 32;
+  __syncthreads();  // scratch may still be read from the previous call
+  if (lane == 0) mine[warp] = v;
+  __syncthreads();
+  v = lane < warps ? mine[lane] : A(0);
+  return warp_sum(v);
+}
+
+inline cudaStream_t current_stream(int32_t device_index) {
+  void* stream = nullptr;
+  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device_index, &stream) == AOTI_TORCH_SUCCESS,
+                  "fusedops: could not get the current CUDA stream");
+  return static_cast<cudaStream_t>(stream);
+}
+
+inline int multiprocessor_count(int32_t device_index) {
+  static int counts[64] = {};
+  if (device_index < 0 || device_index >= 64) return 132;
+  if (counts[device_index] == 0) {
+    int v = 0;
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device_index);
+    counts[device_index] = v > 0 ? v : 1;
+  }
+  return counts[device_index];
+}
+
+inline void check_launch(const char* op) {
+  const cudaError_t e = cudaGetLastError();
+  STD_TORCH_CHECK(e == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(e));
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+}  // namespace fusedops::cuda

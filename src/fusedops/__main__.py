@@ -1,0 +1,120 @@
+"""`python -m fusedops`: what is installed, what serves each op here, does it compute the right
+thing, and how fast. The first command to run, and the thing to paste into a bug report."""
+
+import argparse
+import platform
+import sys
+import time
+
+import torch
+
+import fusedops
+from fusedops.testing import OP_TESTS, check_against_reference
+
+
+def _devices():
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _print_build():
+    info = fusedops.build_info()
+    print(f"fusedops {fusedops.__version__}")
+    print(f"  python {platform.python_version()} on {platform.machine()}, torch {torch.__version__}"
+          f" (CUDA {torch.version.cuda or 'none'})")
+    print(f"  built against torch {info['torch']} (stable ABI target {info['torch_target']}), "
+          f"{info['build_type']}, {info['cxx_compiler']}")
+    if info["cuda_built"]:
+        print(f"  CUDA kernels: CUDA {info['torch_cuda']} (nvcc {info['cuda_compiler']}), archs {info['cuda_archs']}")
+    else:
+        print("  CUDA kernels: not built (CUDA tensors use the Triton kernels)")
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        print(f"  GPU: {p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, "
+              f"{p.total_memory / 2**30:.0f} GiB")
+
+
+def _print_backends():
+    print("\nbackends")
+    for info in OP_TESTS:
+        served = ", ".join(f"{d}: {fusedops.backend_for(info.name, d)}" for d in _devices())
+        print(f"  {info.name:<24} {served}")
+
+
+def _self_check():
+    """Each op's samples, forward and backward, against its fp64 reference."""
+    print("\nself-check (forward and backward against float64, every sample and dtype)")
+    ok = True
+    for info in OP_TESTS:
+        for device in _devices():
+            failures, count = [], 0
+            for dtype in info.dtypes:
+                for sample in info.samples(device, dtype, requires_grad=True):
+                    count += 1
+                    try:
+                        check_against_reference(info, sample, dtype)
+                    except Exception as e:  # report every failure, not only the first
+                        failures.append(f"{dtype} {sample.desc}: {str(e).splitlines()[0]}")
+            status = "ok" if not failures else f"FAILED {len(failures)}"
+            print(f"  {info.name:<24} {device:<5} {count:>3} samples  {status}")
+            for f in failures[:5]:
+                print(f"      {f}")
+            ok = ok and not failures
+    return ok
+
+
+def _time_call(fn, device, min_time=0.05):
+    """Median seconds per call of fn (CUDA events on the GPU)."""
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(20):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return sorted(times)[len(times) // 2]
+    times, total = [], 0.0
+    while total < min_time or len(times) < 5:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        total += times[-1]
+    return sorted(times)[len(times) // 2]
+
+
+def _benchmark():
+    """A glance, not a measurement: benchmarks/ has the harness and the peers."""
+    print("\nquick benchmark (forward, median; full comparisons: benchmarks/run.py)")
+    print(f"  {'op':<12} {'device':<6} {'shape':<14} {'dtype':<9} {'fusedops':>10} {'eager':>10}  GB/s")
+    shapes = {"cpu": (2048, 4096), "cuda": (32768, 4096)}
+    for device in _devices():
+        rows, n = shapes[device]
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(rows, n, dtype=dtype, device=device)
+            w = torch.randn(n, dtype=dtype, device=device)
+            with torch.no_grad():
+                t_ours = _time_call(lambda: fusedops.rms_norm(x, w, 1e-6), device)
+                t_eager = _time_call(lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6), device)
+            gbs = 2 * x.numel() * x.element_size() / t_ours / 1e9
+            print(f"  {'rms_norm':<12} {device:<6} {f'{rows}x{n}':<14} {str(dtype)[6:]:<9} "
+                  f"{t_ours * 1e3:>8.3f}ms {t_eager * 1e3:>8.3f}ms  {gbs:.0f}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m fusedops", description=__doc__)
+    parser.add_argument("--no-bench", action="store_true", help="skip the quick benchmark")
+    args = parser.parse_args(argv)
+    _print_build()
+    _print_backends()
+    ok = _self_check()
+    if not args.no_bench:
+        _benchmark()
+    print("\nall checks passed" if ok else "\nSOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The op sample registry (in the spirit of torch's OpInfo), shared by tests/ and benchmarks/.
+
+Each op describes itself once, in testing/<op>.py, as an :class:`OpTestInfo`: how to call it,
+an fp64 reference, sample inputs (ordinary, edge and strided), bad inputs with the error each
+must raise, and tolerances per dtype. The generic suites in tests/ run every entry of
+:data:`OP_TESTS`, so a new op is covered by adding its entry here.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Type
+
+import torch
+
+
+@dataclass
+class Sample:
+    """One call: positional args of the registered op (and of the public function, which takes
+    the same arguments first), plus a short description for test ids and failure messages."""
+
+    args: Tuple[Any, ...]
+    desc: str = ""
+
+    def tensors(self):
+        return [a for a in self.args if isinstance(a, torch.Tensor)]
+
+    def clone(self, **to_kwargs) -> "Sample":
+        """Fresh leaf copies of the tensor args (optionally `.to(**to_kwargs)`), same layout."""
+        out = []
+        for a in self.args:
+            if isinstance(a, torch.Tensor):
+                c = _clone_layout(a).to(**to_kwargs) if to_kwargs else _clone_layout(a)
+                c = c.detach().requires_grad_(a.requires_grad)
+                out.append(c)
+            else:
+                out.append(a)
+        return Sample(tuple(out), self.desc)
+
+
+def _clone_layout(t):
+    """A copy of `t` with the same sizes and strides (so strided samples stay strided)."""
+    storage = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return storage.copy_(t.detach())
+
+
+@dataclass
+class ErrorSample:
+    sample: Sample
+    error: Type[Exception]
+    match: str  # regex the message must match
+    op: Any = None  # the OpOverload to call; None: the entry's forward op
+
+
+@dataclass
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+@dataclass
+class OpTestInfo:
+    name: str
+    op: Any  # the forward OpOverload, torch.ops.fusedops.<name>.default
+    public: Callable  # fusedops.<name>: differentiable, returns what users see
+    reference: Callable  # same signature and outputs as `public`, any dtype (fp64 in tests)
+    samples: Callable[..., Iterator[Sample]]  # (device, dtype, requires_grad) -> samples
+    error_samples: Callable[..., Iterator[ErrorSample]]  # (device) -> bad inputs
+    # hypothesis strategy factory: (device, dtype) -> strategy of Samples with unusual strides
+    strided_samples: Callable[..., Any]
+    backward_ops: Sequence[Any] = ()  # registered backward OpOverloads
+    # (sample, forward outputs, grad_output) -> args of backward_ops[0]
+    backward_args: Optional[Callable[..., Tuple[Any, ...]]] = None
+    # public-output tolerance against the fp64 reference, per dtype; gradients use grad_tol
+    dtypes: Tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+    tol: Dict[torch.dtype, Tolerance] = field(default_factory=dict)
+    grad_tol: Dict[torch.dtype, Tolerance] = field(default_factory=dict)
+    # triton kernels: (forward_fn, backward_fn) with the registered ops' signatures
+    triton_kernels: Optional[Callable[[], Tuple[Callable, Callable]]] = None
+    # inputs of `public` that carry gradients, by position
+    grad_argnums: Tuple[int, ...] = (0,)
+    # (device) -> [(autocast dtype, Sample)] and the checker of one result under autocast
+    autocast_check: Optional[Callable[..., None]] = None
+
+
+def check_against_reference(info: OpTestInfo, sample: Sample, dtype: torch.dtype) -> None:
+    """Forward and backward of `info.public` on `sample` against the fp64 reference, within the
+    dtype's tolerances; raises AssertionError naming the sample otherwise. Gradients (which
+    grow with the number of rows summed) are compared relative to their largest element."""
+    tol, gtol = info.tol[dtype], info.grad_tol[dtype]
+    out = info.public(*sample.args)
+    ref_args = tuple(
+        a.detach().double().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+        for a in sample.args
+    )
+    ref = info.reference(*ref_args)
+    assert out.dtype == sample.args[0].dtype, f"{info.name} {sample.desc}: output dtype {out.dtype}"
+    assert out.shape == ref.shape, f"{info.name} {sample.desc}: output shape {tuple(out.shape)}"
+    _assert_close(out, ref, tol, f"{info.name} forward {sample.desc}")
+    wrt = [i for i in info.grad_argnums if isinstance(sample.args[i], torch.Tensor) and sample.args[i].requires_grad]
+    if not wrt:
+        return
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, [sample.args[i] for i in wrt], grad_out, allow_unused=True)
+    ref_grads = torch.autograd.grad(ref, [ref_args[i] for i in wrt], grad_out.double(), allow_unused=True)
+    for i, g, rg in zip(wrt, grads, ref_grads):
+        t = sample.args[i]
+        if rg is None:
+            rg = torch.zeros_like(t, dtype=torch.float64)
+        assert g is not None and g.dtype == t.dtype and g.shape == t.shape, f"{info.name} grad {i} {sample.desc}"
+        scale = max(1.0, rg.abs().max().item()) if rg.numel() else 1.0
+        _assert_close(g / scale, rg / scale, gtol, f"{info.name} grad of arg {i} {sample.desc}")
+
+
+def _assert_close(actual, expected, tol, what):
+    torch.testing.assert_close(
+        actual.double(), expected.detach().double(), atol=tol.atol, rtol=tol.rtol,
+        msg=lambda m: f"{what}: {m}",
+    )
+
+
+from . import rms_norm as _rms_norm  # noqa: E402
+
+OP_TESTS = [_rms_norm.INFO]
+OP_TESTS_BY_NAME = {info.name: info for info in OP_TESTS}

@@ -1,0 +1,171 @@
+"""rms_norm samples for the generic suites."""
+
+import torch
+
+import fusedops
+from fusedops.ops import rms_norm as _op
+
+from . import ErrorSample, OpTestInfo, Sample, Tolerance
+
+# Widths: 1, odd, not a multiple of any vector width, exactly one vector, several cached
+# vectors per thread, and one wide enough for the two-sweep kernels on the GPU.
+_SHAPES = [(1, 8), (5, 32), (3, 7, 64), (17, 100), (4, 1), (2, 1000), (3, 4104), (2, 1, 20000)]
+_EDGE_SHAPES = [(0, 16), (2, 0, 8), (3, 0), (16,)]
+
+
+def reference(input, weight=None, eps=1e-6):
+    """fp64 (or input-dtype) RMSNorm, as the formula says."""
+    x = input.double()
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.double()
+    return y
+
+
+def _weights(n, dtype, device, requires_grad):
+    yield None
+    yield torch.randn(n, dtype=dtype, device=device).requires_grad_(requires_grad)
+    if dtype in (torch.bfloat16, torch.float16):
+        yield torch.randn(n, dtype=torch.float32, device=device).requires_grad_(requires_grad)
+
+
+def samples(device, dtype, requires_grad=False, edge=True):
+    shapes = _SHAPES + (_EDGE_SHAPES if edge else [])
+    for shape in shapes:
+        for weight in _weights(shape[-1], dtype, device, requires_grad):
+            x = torch.randn(shape, dtype=dtype, device=device).requires_grad_(requires_grad)
+            wdesc = "none" if weight is None else str(weight.dtype).removeprefix("torch.")
+            yield Sample((x, weight, 1e-6), f"{list(shape)}-w_{wdesc}")
+    # A large eps, and rows of very different scales (rstd must not be shared between rows).
+    x = torch.randn(6, 48, dtype=dtype, device=device) * torch.logspace(-3, 3, 6, device=device).to(dtype)[:, None]
+    w = torch.randn(48, dtype=dtype, device=device)
+    yield Sample((x.requires_grad_(requires_grad), w.requires_grad_(requires_grad), 0.5), "scales-eps0.5")
+
+
+def error_samples(device):
+    x = torch.randn(4, 8, device=device)
+
+    def bad(args, match, desc):
+        return ErrorSample(Sample(args, desc), ValueError, match)
+
+    yield bad((torch.randn((), device=device), None, 1e-6), r"rms_norm: input must have at least 1 dimension", "0-d")
+    yield bad((x.to(torch.int32), None, 1e-6), r"rms_norm: input dtype must be .* got int32", "int input")
+    yield bad((x, torch.randn(7, device=device), 1e-6), r"rms_norm: weight must be a 1-D tensor of size 8 .* got shape \[7\]", "weight size")
+    yield bad((x, torch.randn(2, 8, device=device), 1e-6), r"weight must be a 1-D tensor of size 8 .* got shape \[2, 8\]", "weight 2-D")
+    yield bad((x, torch.randn(8, device=device, dtype=torch.float64), 1e-6),
+              r"rms_norm: weight dtype float64 does not go with input dtype float32", "weight dtype")
+    yield bad((x.bfloat16(), torch.randn(8, device=device, dtype=torch.float16), 1e-6),
+              r"weight dtype float16 does not go with input dtype bfloat16", "weight fp16 with bf16")
+    yield bad((x, torch.randn(8, device="meta" if device != "meta" else "cpu"), 1e-6),
+              r"rms_norm: weight is on (meta|cpu) but input is on", "weight device")
+    yield bad((x, None, -1.0), r"rms_norm: eps must be a finite number >= 0, got -1", "negative eps")
+    yield bad((x, None, float("nan")), r"rms_norm: eps must be a finite number >= 0, got nan", "nan eps")
+    # The backward op checks its arguments against each other.
+    rstd = torch.ones(4, device=device)
+    bwd = _op.backward
+    for args, match, desc in [
+        ((torch.randn(4, 9, device=device), x, None, rstd, False),
+         r"rms_norm_backward: grad_output shape \[4, 9\] does not match input shape \[4, 8\]", "bwd grad shape"),
+        ((x.double(), x, None, rstd, False),
+         r"rms_norm_backward: grad_output dtype float64 does not match input dtype float32", "bwd grad dtype"),
+        ((x, x, None, torch.ones(3, device=device), False),
+         r"rms_norm_backward: rstd must be a float32 tensor of input's leading shape .* got float32 of shape \[3\]",
+         "bwd rstd shape"),
+        ((x, x, None, rstd.double(), False), r"rstd must be a float32 tensor .* got float64", "bwd rstd dtype"),
+    ]:
+        yield ErrorSample(Sample(args, desc), ValueError, match, op=bwd)
+
+
+def strided_samples(device, dtype):
+    """hypothesis strategy: inputs whose leading dimensions are sliced, permuted or expanded,
+    and (sometimes) a strided last dimension."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def strided(draw):
+        ndim = draw(st.integers(2, 4))
+        shape = draw(st.lists(st.integers(1, 6), min_size=ndim - 1, max_size=ndim - 1))
+        n = draw(st.sampled_from([1, 3, 8, 16, 33, 64, 136]))
+        steps = draw(st.lists(st.integers(1, 3), min_size=ndim, max_size=ndim))
+        last_step = draw(st.sampled_from([1, 1, 1, 2]))
+        steps[-1] = last_step
+        big = [s * st_ for s, st_ in zip(shape + [n], steps)]
+        base = torch.randn(big, dtype=dtype, device=device)
+        x = base[tuple(slice(None, None, s) for s in steps)]
+        perm = draw(st.permutations(list(range(ndim - 1))))
+        x = x.permute(*perm, ndim - 1)
+        if draw(st.booleans()) and x.shape[0] > 0:
+            x = x[:1].expand(3, *x.shape[1:])  # a stride-0 leading dimension
+        weight = draw(st.sampled_from(["none", "same", "strided"]))
+        w = None
+        if weight == "same":
+            w = torch.randn(n, dtype=dtype, device=device)
+        elif weight == "strided":
+            w = torch.randn(2 * n, dtype=dtype, device=device)[::2]
+        return Sample((x, w, 1e-5), f"shape={list(x.shape)} stride={list(x.stride())} w={weight}")
+
+    return strided()
+
+
+def check_autocast(device):
+    """The documented rule: nothing is cast, the output keeps input's dtype; a weight whose
+    dtype goes with neither input's nor float32 is cast to input's."""
+    amp = torch.bfloat16 if device == "cpu" else torch.float16
+    cases = [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.bfloat16),  # would be rejected outside autocast
+    ]
+    for xdt, wdt in cases:
+        x = torch.randn(8, 64, dtype=xdt, device=device)
+        w = torch.randn(64, dtype=wdt, device=device)
+        with torch.autocast(device_type=device, dtype=amp):
+            y = fusedops.rms_norm(x, w)
+        assert y.dtype == xdt, (xdt, wdt, y.dtype)
+        w_used = w if (wdt == xdt or wdt == torch.float32) else w.to(xdt)
+        expected = fusedops.rms_norm(x, w_used)
+        torch.testing.assert_close(y, expected, atol=0, rtol=0)
+
+
+def backward_args(sample, outputs, grad_output):
+    x, w = sample.args[0].detach(), sample.args[1]
+    w = w.detach() if w is not None else None
+    return (grad_output, x, w, outputs[1].detach(), w is not None)
+
+
+def _triton_kernels():
+    from fusedops.triton import rms_norm as k
+
+    return k.rms_norm_forward, k.rms_norm_backward
+
+
+INFO = OpTestInfo(
+    name="rms_norm",
+    op=_op.forward,
+    public=fusedops.rms_norm,
+    reference=reference,
+    samples=samples,
+    error_samples=error_samples,
+    strided_samples=strided_samples,
+    backward_ops=(_op.backward,),
+    backward_args=backward_args,
+    dtypes=(torch.float32, torch.bfloat16, torch.float16),
+    # Output error of one rounding to the storage dtype on values of order 1, plus float32
+    # accumulation; gradients see two roundings (grad_output and the result).
+    tol={
+        torch.float32: Tolerance(atol=2e-5, rtol=2e-5),
+        torch.bfloat16: Tolerance(atol=1e-2, rtol=1e-2),
+        torch.float16: Tolerance(atol=2e-3, rtol=2e-3),
+        torch.float64: Tolerance(atol=1e-12, rtol=1e-12),
+    },
+    grad_tol={
+        torch.float32: Tolerance(atol=1e-4, rtol=1e-4),
+        torch.bfloat16: Tolerance(atol=5e-2, rtol=2e-2),
+        torch.float16: Tolerance(atol=1e-2, rtol=5e-3),
+        torch.float64: Tolerance(atol=1e-10, rtol=1e-10),
+    },
+    triton_kernels=_triton_kernels,
+    grad_argnums=(0, 1),
+    autocast_check=check_autocast,
+)

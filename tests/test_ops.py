@@ -1,0 +1,157 @@
+"""Generic suites over every op in fusedops.testing.OP_TESTS, on the CPU and (marked gpu) CUDA.
+
+On CUDA the suites test whichever backend serves the op in this process: run them once as is
+(the CUDA kernels) and once with FUSEDOPS_BACKEND=triton."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fusedops import backend_for
+from fusedops._native import PRECHECK_ARGUMENTS
+from fusedops.testing import OP_TESTS, check_against_reference
+from conftest import device_params
+
+OPS = [pytest.param(info, id=info.name) for info in OP_TESTS]
+DEVICES = device_params()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", OPS)
+def test_dtype_matrix(info, device):
+    """Every dtype, every sample (ordinary and edge shapes), forward and backward, against fp64."""
+    for dtype in info.dtypes:
+        for sample in info.samples(device, dtype, requires_grad=True):
+            check_against_reference(info, sample, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", OPS)
+def test_gradcheck_fp64(info, device):
+    for sample in info.samples(device, torch.float64, requires_grad=True, edge=False):
+        if sample.args[0].numel() > 4096:
+            continue  # gradcheck is quadratic in the input size
+        grad_inputs = [i for i in info.grad_argnums if isinstance(sample.args[i], torch.Tensor)]
+
+        def fn(*ts, sample=sample, grad_inputs=grad_inputs):
+            args = list(sample.args)
+            for i, t in zip(grad_inputs, ts):
+                args[i] = t
+            return info.public(*args)
+
+        assert torch.autograd.gradcheck(fn, [sample.args[i] for i in grad_inputs], eps=1e-6, atol=1e-5), sample.desc
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", OPS)
+def test_opcheck(info, device):
+    """torch.library.opcheck with all its test_utils, on the forward and the backward ops."""
+    tested = 0
+    for dtype in (torch.float32, torch.bfloat16):
+        for sample in info.samples(device, dtype, requires_grad=True):
+            if sample.args[0].numel() > 20000:
+                continue
+            torch.library.opcheck(info.op, sample.args)
+            outputs = info.op(*sample.args)
+            for bwd in info.backward_ops:
+                grad = torch.randn_like(outputs[0])
+                torch.library.opcheck(bwd, info.backward_args(sample, outputs, grad))
+            tested += 1
+    assert tested > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", OPS)
+def test_strided_inputs(info, device):
+    """Sliced, permuted, expanded leading dimensions and strided last dimensions give the
+    reference result (forward and backward)."""
+    dtype = torch.float32
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def run(data):
+        sample = data.draw(info.strided_samples(device, dtype))
+        args = [a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_leaf else a for a in sample.args]
+        check_against_reference(info, type(sample)(tuple(args), sample.desc), dtype)
+
+    run()
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("info", OPS)
+def test_bad_inputs(info, device):
+    """Each bad input raises its error, with its message, from the real kernel and from the
+    fake kernel (device 'meta')."""
+    if PRECHECK_ARGUMENTS and device != "meta" and not (device == "cuda" and backend_for(info.name, "cuda") == "triton"):
+        pytest.skip(f"torch {torch.__version__} crashes when a stable-ABI kernel raises (see fusedops/_native.py); "
+                    "the public functions check in Python first, tested in test_public_function_checks")
+    for err in info.error_samples(device):
+        op = err.op or info.op
+        with pytest.raises(err.error, match=err.match):
+            op(*err.sample.args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", OPS)
+def test_public_function_checks(info, device):
+    """The public function raises the same errors as the op for bad forward arguments."""
+    for err in info.error_samples(device):
+        if err.op is not None:
+            continue  # a backward op's sample
+        with pytest.raises(err.error, match=err.match):
+            info.public(*err.sample.args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", OPS)
+def test_weight_grad_is_deterministic(info, device):
+    for sample in info.samples(device, torch.float32, requires_grad=True, edge=False):
+        tensors = [sample.args[i] for i in info.grad_argnums if isinstance(sample.args[i], torch.Tensor)]
+        out = info.public(*sample.args)
+        g = torch.randn_like(out)
+        first = torch.autograd.grad(out, tensors, g, retain_graph=True)
+        second = torch.autograd.grad(out, tensors, g)
+        for a, b in zip(first, second):
+            assert torch.equal(a, b), sample.desc
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", OPS)
+def test_double_backward_raises(info, device):
+    sample = next(info.samples(device, torch.float64, requires_grad=True, edge=False))
+    out = info.public(*sample.args)
+    (g,) = torch.autograd.grad(out.sum(), sample.args[0], create_graph=True)
+    with pytest.raises(NotImplementedError, match="does not support double backward"):
+        g.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", OPS)
+def test_autocast(info, device):
+    info.autocast_check(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", OPS)
+def test_compile_fullgraph_dynamic(info, device):
+    """torch.compile(fullgraph=True, dynamic=True): one frame for every shape, no recompile,
+    forward and backward equal to eager."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(info.public, backend="inductor", fullgraph=True, dynamic=True)
+    for rows, n in [(4, 64), (7, 64), (9, 128)]:
+        sample = next(s for s in info.samples(device, torch.float32, requires_grad=True, edge=False)
+                      if s.args[1] is not None)
+        x = torch.randn(rows, n, device=device, requires_grad=True)
+        w = torch.randn(n, device=device, requires_grad=True)
+        args = (x, w) + tuple(sample.args[2:])
+        out = compiled(*args)
+        expected = info.public(*args)
+        torch.testing.assert_close(out, expected)
+        g = torch.randn_like(out)
+        torch.testing.assert_close(torch.autograd.grad(out, (x, w), g), torch.autograd.grad(expected, (x, w), g))
+    assert counters["stats"]["unique_graphs"] == 1, f"recompiled: {dict(counters['stats'])}"
+    assert not counters["graph_break"], f"graph breaks: {dict(counters['graph_break'])}"
