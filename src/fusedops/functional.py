@@ -5,6 +5,7 @@ autocast, torch.compile and the fake kernels all come from the op's registration
 
 from typing import Optional
 
+import torch
 from torch import Tensor
 
 from ._native import PRECHECK_ARGUMENTS
@@ -28,6 +29,6 @@ def rms_norm(input: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6) 
         A contiguous tensor of input's shape and dtype. The math is float32 (float64 for
         float64 input) whatever the storage dtype.
     """
-    if PRECHECK_ARGUMENTS:
-        _rms_norm.check_forward(input, weight, eps)
+    if PRECHECK_ARGUMENTS and not torch.is_autocast_enabled(input.device.type):
+        _rms_norm.check_forward(input, weight, eps)  # (autocast may still cast the weight)
     return _rms_norm_op(input, weight, eps)[0]
