@@ -116,8 +116,7 @@ void backward_kernel(const Problem& p, const RowLayout& dy_rows, const T* dy, co
 std::tuple<Tensor, Tensor> rms_norm_cpu(Tensor input, std::optional<Tensor> weight, double eps) {
   const Problem p = forward_problem(input, weight, eps);
   const ScalarType xt = input.scalar_type();
-  Tensor out = empty_like_device(input, shape_of(input), xt);
-  Tensor rstd = empty_like_device(input, row_shape(input), acc_dtype(xt));
+  auto [out, rstd] = forward_outputs(input);
   if (p.num_rows == 0) return {out, rstd};
   dispatch_float(xt, "rms_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -142,38 +141,29 @@ std::tuple<Tensor, Tensor> rms_norm_cpu(Tensor input, std::optional<Tensor> weig
 
 std::tuple<Tensor, Tensor> rms_norm_backward_cpu(Tensor grad_output, Tensor input, std::optional<Tensor> weight,
                                                  Tensor rstd, bool weight_requires_grad) {
-  const Problem p = backward_problem(grad_output, input, weight, rstd);
-  RowLayout dy_rows;
-  const Tensor dy = with_row_layout(grad_output, dy_rows);
-  const Tensor rstd_c = as_contiguous(rstd);
+  const BackwardProblem p = backward_problem(grad_output, input, weight, rstd, weight_requires_grad);
   const ScalarType xt = input.scalar_type();
-  Tensor grad_input = empty_like_device(input, shape_of(input), xt);
-  const bool want_dw = weight.has_value() && weight_requires_grad;
-  Tensor grad_weight = want_dw ? empty_like_device(*weight, {p.n}, weight->scalar_type())
-                               : empty_like_device(input, {0}, weight ? weight->scalar_type() : xt);
-  if (!want_dw && p.num_rows == 0) return {grad_input, grad_weight};
-  if (p.num_rows == 0 || p.n == 0) {
-    torch::stable::zero_(grad_weight);
-    return {grad_input, grad_weight};
-  }
+  auto [grad_input, grad_weight] = backward_outputs(p, input);
+  if (p.empty()) return {grad_input, grad_weight};
+  const bool want_dw = p.want_grad_weight;
   // At most 64 chunks and about 16 MiB of partial sums.
   const int64_t chunks = std::clamp<int64_t>(std::min<int64_t>(64, (int64_t(1) << 22) / p.n), 1, p.num_rows);
   dispatch_float(xt, "rms_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
     const T* x = p.input.const_data_ptr<T>();
-    const T* g = dy.const_data_ptr<T>();
-    const A* rs = rstd_c.const_data_ptr<A>();
+    const T* g = p.grad_output.const_data_ptr<T>();
+    const A* rs = p.rstd.const_data_ptr<A>();
     T* dx = grad_input.mutable_data_ptr<T>();
     if (!p.weight) {
-      backward_kernel<T, T>(p, dy_rows, g, x, nullptr, rs, dx, nullptr, nullptr, 0);
+      backward_kernel<T, T>(p, p.grad_rows, g, x, nullptr, rs, dx, nullptr, nullptr, 0);
       return;
     }
     dispatch_weight<T>(p.weight->scalar_type(), [&](auto wtag) {
       using W = typename decltype(wtag)::type;
       Tensor partial;
       if (want_dw) partial = empty_like_device(input, {chunks, p.n}, acc_dtype(xt));
-      backward_kernel<T, W>(p, dy_rows, g, x, p.weight->const_data_ptr<W>(), rs, dx,
+      backward_kernel<T, W>(p, p.grad_rows, g, x, p.weight->const_data_ptr<W>(), rs, dx,
                             want_dw ? grad_weight.mutable_data_ptr<W>() : nullptr,
                             want_dw ? partial.mutable_data_ptr<A>() : nullptr, chunks);
     });

@@ -11,6 +11,7 @@
 
 #include "fusedops/checks.h"
 #include "fusedops/rows.h"
+#include "fusedops/tensors.h"
 
 namespace fusedops::rms_norm {
 
@@ -21,6 +22,16 @@ struct Problem {
   RowLayout rows;               // how to find each row of `input`
   int64_t num_rows = 0;
   int64_t n = 0;                // the normalised (last) dimension
+
+  bool empty() const { return num_rows == 0 || n == 0; }
+};
+
+// The backward's inputs beyond the forward's: grad_output's rows and a contiguous rstd.
+struct BackwardProblem : Problem {
+  Tensor grad_output;
+  RowLayout grad_rows;
+  Tensor rstd;
+  bool want_grad_weight = false;
 };
 
 // Leading-dimension sizes of `t`, i.e. the shape of rstd.
@@ -84,9 +95,10 @@ inline Problem forward_problem(const Tensor& input, const std::optional<Tensor>&
   return make_problem(input, weight);
 }
 
-// Checks the backward arguments against each other; returns the problem of `input`.
-inline Problem backward_problem(const Tensor& grad_output, const Tensor& input,
-                                const std::optional<Tensor>& weight, const Tensor& rstd) {
+// Checks the backward arguments against each other.
+inline BackwardProblem backward_problem(const Tensor& grad_output, const Tensor& input,
+                                        const std::optional<Tensor>& weight, const Tensor& rstd,
+                                        bool weight_requires_grad) {
   const char* op = "rms_norm_backward";
   check_input(op, input);
   check_weight(op, input, weight);
@@ -103,7 +115,30 @@ inline Problem backward_problem(const Tensor& grad_output, const Tensor& input,
                  op, ": grad_output is on ", device_str(grad_output), " but input is on ", device_str(input));
   FUSEDOPS_CHECK(rstd.get_device() == input.get_device() && rstd.is_cpu() == input.is_cpu(), op,
                  ": rstd is on ", device_str(rstd), " but input is on ", device_str(input));
-  return make_problem(input, weight);
+  BackwardProblem p;
+  static_cast<Problem&>(p) = make_problem(input, weight);
+  p.grad_output = with_row_layout(grad_output, p.grad_rows);
+  p.rstd = as_contiguous(rstd);
+  p.want_grad_weight = weight.has_value() && weight_requires_grad;
+  return p;
+}
+
+// output (input's shape and dtype) and rstd (leading shape, accumulation dtype).
+inline std::tuple<Tensor, Tensor> forward_outputs(const Tensor& input) {
+  const ScalarType xt = input.scalar_type();
+  return {empty_like_device(input, shape_of(input), xt), empty_like_device(input, row_shape(input), acc_dtype(xt))};
+}
+
+// grad_input, and grad_weight: (n,) in weight's dtype when wanted (zeros if there is nothing to
+// sum), else an empty tensor.
+inline std::tuple<Tensor, Tensor> backward_outputs(const BackwardProblem& p, const Tensor& input) {
+  const ScalarType xt = input.scalar_type();
+  Tensor grad_input = empty_like_device(input, shape_of(input), xt);
+  if (!p.want_grad_weight)
+    return {grad_input, empty_like_device(input, {0}, p.weight ? p.weight->scalar_type() : xt)};
+  Tensor grad_weight = empty_like_device(input, {p.n}, p.weight->scalar_type());
+  if (p.empty()) torch::stable::zero_(grad_weight);
+  return {grad_input, grad_weight};
 }
 
 }  // namespace fusedops::rms_norm
