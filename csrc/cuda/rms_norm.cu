@@ -6,7 +6,8 @@
 // wider than 8 vectors x 256 threads (16384 bf16) are swept twice by 1024 threads (the second
 // sweep mostly hits L2). Inputs that are not 16-byte aligned take a scalar path of the same shape.
 //
-// Backward: a persistent grid; each row slot walks a fixed set of rows, writes grad_input, and
+// Backward: a persistent grid of one wave of resident blocks; each row slot walks a fixed set
+// of rows, writes grad_input, and
 // keeps its weight-gradient partial in registers. A block adds its slots' partials in a fixed
 // order and writes one row of a (blocks, n) buffer, which a second kernel sums over the blocks,
 // again in a fixed order: the weight gradient is bitwise reproducible, with no atomics.
@@ -134,8 +135,10 @@ __device__ __forceinline__ acc_t<T> dot_g_x(const Vec<T, VEC>& xv, const Vec<T, 
 
 // partial: null (no weight gradient), else one row of n per block (VPT > 0) or per row slot
 // (VPT == 0).
+// Two resident blocks per SM (a register cap of 128) keep enough loads in flight; with 8
+// vectors per thread that cap would spill, so those keep one.
 template <typename T, typename W, int VEC, int VPT>
-__global__ void __launch_bounds__(VPT > 0 ? kCachedThreads : kSweepThreads)
+__global__ void __launch_bounds__(VPT > 0 ? kCachedThreads : kSweepThreads, VPT > 0 && VPT <= 4 ? 2 : 1)
     backward_kernel(const T* __restrict__ dy, RowLayout dy_rows, const T* __restrict__ x, RowLayout x_rows,
                     const W* __restrict__ w, const acc_t<T>* __restrict__ rstd, T* __restrict__ dx,
                     acc_t<T>* __restrict__ partial, int64_t num_rows, int64_t n) {
@@ -319,8 +322,7 @@ std::tuple<Tensor, Tensor> rms_norm_cuda(Tensor input, std::optional<Tensor> wei
   const Problem p = forward_problem(input, weight, eps);
   torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
   const ScalarType xt = input.scalar_type();
-  Tensor out = empty_like_device(input, shape_of(input), xt);
-  Tensor rstd = empty_like_device(input, row_shape(input), acc_dtype(xt));
+  auto [out, rstd] = forward_outputs(input);
   if (p.num_rows == 0) return {out, rstd};
   if (p.n == 0) {
     torch::stable::fill_(rstd, 1.0 / std::sqrt(eps));
@@ -347,20 +349,12 @@ std::tuple<Tensor, Tensor> rms_norm_cuda(Tensor input, std::optional<Tensor> wei
 
 std::tuple<Tensor, Tensor> rms_norm_backward_cuda(Tensor grad_output, Tensor input, std::optional<Tensor> weight,
                                                   Tensor rstd, bool weight_requires_grad) {
-  const Problem p = backward_problem(grad_output, input, weight, rstd);
+  const BackwardProblem p = backward_problem(grad_output, input, weight, rstd, weight_requires_grad);
   torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
-  RowLayout dy_rows;
-  const Tensor dy = with_row_layout(grad_output, dy_rows);
-  const Tensor rstd_c = as_contiguous(rstd);
   const ScalarType xt = input.scalar_type();
-  Tensor grad_input = empty_like_device(input, shape_of(input), xt);
-  const bool want_dw = weight.has_value() && weight_requires_grad;
-  Tensor grad_weight = want_dw ? empty_like_device(*weight, {p.n}, weight->scalar_type())
-                               : empty_like_device(input, {0}, weight ? weight->scalar_type() : xt);
-  if (p.num_rows == 0 || p.n == 0) {
-    if (want_dw) torch::stable::zero_(grad_weight);
-    return {grad_input, grad_weight};
-  }
+  auto [grad_input, grad_weight] = backward_outputs(p, input);
+  if (p.empty()) return {grad_input, grad_weight};
+  const bool want_dw = p.want_grad_weight;
   const int32_t device = input.get_device_index();
   const cudaStream_t stream = current_stream(device);
   dispatch_types(p, "rms_norm_backward", [&](auto ttag, auto wtag) {
@@ -368,23 +362,33 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cuda(Tensor grad_output, Tensor inp
     using W = typename decltype(wtag)::type;
     using A = acc_t<T>;
     const T* x = reinterpret_cast<const T*>(p.input.const_data_ptr());
-    const T* g = reinterpret_cast<const T*>(dy.const_data_ptr());
+    const T* g = reinterpret_cast<const T*>(p.grad_output.const_data_ptr());
     const W* w = weight_ptr<W>(p);
-    Plan plan = make_plan<T, W>(p, dy_rows, x, g, w);
-    // Enough resident threads to cover memory latency; fewer blocks means fewer partial rows.
-    const int64_t threads = int64_t(plan.tpr) * plan.rpb;
-    const int64_t max_blocks = int64_t(multiprocessor_count(device)) * std::max<int64_t>(1, 1024 / threads);
-    const int64_t wanted = (p.num_rows + int64_t(plan.rpb) * kMinRowsPerSlot - 1) / (int64_t(plan.rpb) * kMinRowsPerSlot);
-    plan.blocks = std::min(plan.blocks, std::clamp<int64_t>(wanted, multiprocessor_count(device), max_blocks));
-    const int64_t num_partials = plan.vpt > 0 ? plan.blocks : plan.blocks * plan.rpb;
     Tensor partial;
-    if (want_dw) partial = empty_like_device(input, {num_partials, p.n}, acc_dtype(xt));
-    A* partial_ptr = want_dw ? reinterpret_cast<A*>(partial.mutable_data_ptr()) : nullptr;
+    A* partial_ptr = nullptr;
+    int64_t num_partials = 0;
+    const Plan plan = make_plan<T, W>(p, p.grad_rows, x, g, w);
+    const int64_t sms = multiprocessor_count(device);
     dispatch_plan<T>(plan, [&](auto vec, auto vpt) {
-      backward_kernel<T, W, decltype(vec)::value, decltype(vpt)::value>
-          <<<dim3(unsigned(plan.blocks)), dim3(plan.tpr, plan.rpb), 0, stream>>>(
-              g, dy_rows, x, p.rows, w, reinterpret_cast<const A*>(rstd_c.const_data_ptr()),
-              reinterpret_cast<T*>(grad_input.mutable_data_ptr()), partial_ptr, p.num_rows, p.n);
+      const auto kernel = backward_kernel<T, W, decltype(vec)::value, decltype(vpt)::value>;
+      // One wave of resident blocks, each walking its rows (fewer blocks: fewer partial rows
+      // to add up), but no more blocks than give each row slot kMinRowsPerSlot rows.
+      static const int resident = [&] {
+        int r = 0;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r, kernel, plan.tpr * plan.rpb, 0);
+        return std::max(r, 1);
+      }();
+      const int64_t slots_wanted = (p.num_rows + kMinRowsPerSlot - 1) / kMinRowsPerSlot;
+      const int64_t blocks = std::min({plan.blocks, sms * resident,
+                                       std::max(sms, (slots_wanted + plan.rpb - 1) / plan.rpb)});
+      num_partials = plan.vpt > 0 ? blocks : blocks * plan.rpb;
+      if (want_dw) {
+        partial = empty_like_device(input, {num_partials, p.n}, acc_dtype(xt));
+        partial_ptr = reinterpret_cast<A*>(partial.mutable_data_ptr());
+      }
+      kernel<<<dim3(unsigned(blocks)), dim3(plan.tpr, plan.rpb), 0, stream>>>(
+          g, p.grad_rows, x, p.rows, w, reinterpret_cast<const A*>(p.rstd.const_data_ptr()),
+          reinterpret_cast<T*>(grad_input.mutable_data_ptr()), partial_ptr, p.num_rows, p.n);
     });
     check_launch("rms_norm_backward");
     if (want_dw) {

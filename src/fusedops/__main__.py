@@ -4,9 +4,9 @@ thing, and how fast. The first command to run, and the thing to paste into a bug
 import argparse
 import platform
 import sys
-import time
 
 import torch
+import torch.utils.benchmark
 
 import fusedops
 from fusedops.testing import OP_TESTS, check_against_reference
@@ -62,27 +62,10 @@ def _self_check():
     return ok
 
 
-def _time_call(fn, device, min_time=0.05):
-    """Median seconds per call of fn (CUDA events on the GPU)."""
-    fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(20):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return sorted(times)[len(times) // 2]
-    times, total = [], 0.0
-    while total < min_time or len(times) < 5:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        total += times[-1]
-    return sorted(times)[len(times) // 2]
+def _time_call(fn):
+    """Median seconds per call (torch.utils.benchmark synchronises CUDA around its blocks)."""
+    timer = torch.utils.benchmark.Timer(stmt="fn()", globals={"fn": fn})
+    return timer.blocked_autorange(min_run_time=0.1).median
 
 
 def _benchmark():
@@ -96,8 +79,8 @@ def _benchmark():
             x = torch.randn(rows, n, dtype=dtype, device=device)
             w = torch.randn(n, dtype=dtype, device=device)
             with torch.no_grad():
-                t_ours = _time_call(lambda: fusedops.rms_norm(x, w, 1e-6), device)
-                t_eager = _time_call(lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6), device)
+                t_ours = _time_call(lambda: fusedops.rms_norm(x, w, 1e-6))
+                t_eager = _time_call(lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6))
             gbs = 2 * x.numel() * x.element_size() / t_ours / 1e9
             print(f"  {'rms_norm':<12} {device:<6} {f'{rows}x{n}':<14} {str(dtype)[6:]:<9} "
                   f"{t_ours * 1e3:>8.3f}ms {t_eager * 1e3:>8.3f}ms  {gbs:.0f}")

@@ -48,21 +48,12 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
   return *reinterpret_cast<const Vec<T, N>*>(p);
 }
 
-// Read-only data reused by many blocks (a norm's weight): through the non-coherent cache.
+// Read-only data reused by many blocks (a norm's weight). A plain load of the whole vector:
+// through a const __restrict__ pointer the compiler already uses the non-coherent path, and
+// punning a uint4 array into Vec would put it in local memory.
 template <typename T, int N>
-__device__ __forceinline__ Vec<T, N> load_vec_ldg(const T* p) {
-  Vec<T, N> out;
-  if constexpr (sizeof(Vec<T, N>) % 16 == 0) {
-    constexpr int kChunks = sizeof(Vec<T, N>) / 16;
-    uint4 raw[kChunks];
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) raw[c] = __ldg(reinterpret_cast<const uint4*>(p) + c);
-    out = *reinterpret_cast<const Vec<T, N>*>(raw);
-  } else {
-#pragma unroll
-    for (int k = 0; k < N; ++k) out.v[k] = __ldg(p + k);
-  }
-  return out;
+__device__ __forceinline__ Vec<T, N> load_vec_ldg(const T* __restrict__ p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
 }
 
 template <typename T, int N>

@@ -177,18 +177,16 @@ _lib.impl("rms_norm", _autocast, "AutocastCUDA")
 
 def _triton_forward(input, weight, eps):
     check_forward(input, weight, eps)
-    from ..triton import rms_norm as kernels
+    from ..triton import rms_norm as kernels  # (it sets the device for its launches)
 
-    with torch.cuda.device(input.device):
-        return kernels.rms_norm_forward(input, weight, eps)
+    return kernels.rms_norm_forward(input, weight, eps)
 
 
 def _triton_backward(grad_output, input, weight, rstd, weight_requires_grad):
     check_backward(grad_output, input, weight, rstd)
     from ..triton import rms_norm as kernels
 
-    with torch.cuda.device(input.device):
-        return kernels.rms_norm_backward(grad_output, input, weight, rstd, weight_requires_grad)
+    return kernels.rms_norm_backward(grad_output, input, weight, rstd, weight_requires_grad)
 
 
 if _native.cuda_backend == "triton":

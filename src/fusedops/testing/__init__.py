@@ -20,27 +20,6 @@ class Sample:
     args: Tuple[Any, ...]
     desc: str = ""
 
-    def tensors(self):
-        return [a for a in self.args if isinstance(a, torch.Tensor)]
-
-    def clone(self, **to_kwargs) -> "Sample":
-        """Fresh leaf copies of the tensor args (optionally `.to(**to_kwargs)`), same layout."""
-        out = []
-        for a in self.args:
-            if isinstance(a, torch.Tensor):
-                c = _clone_layout(a).to(**to_kwargs) if to_kwargs else _clone_layout(a)
-                c = c.detach().requires_grad_(a.requires_grad)
-                out.append(c)
-            else:
-                out.append(a)
-        return Sample(tuple(out), self.desc)
-
-
-def _clone_layout(t):
-    """A copy of `t` with the same sizes and strides (so strided samples stay strided)."""
-    storage = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    return storage.copy_(t.detach())
-
 
 @dataclass
 class ErrorSample:
