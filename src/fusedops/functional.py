@@ -1,7 +1,8 @@
 """The public functional API: defaults, documentation, and the outputs users want.
 
 Each function is a thin call into the registered op (torch.ops.fusedops.<op>), so autograd,
-autocast, torch.compile and the fake kernels all come from the op's registration."""
+autocast, torch.compile and the fake kernels all come from the op's registration. In eager mode
+outside autocast the call skips the dispatcher's round trip through Python (ops/_direct.py)."""
 
 from typing import Optional
 
@@ -10,6 +11,7 @@ from torch import Tensor
 
 from ._native import PRECHECK_ARGUMENTS
 from .ops import rms_norm as _rms_norm
+from .ops._direct import direct_call_allowed
 
 _rms_norm_op = _rms_norm.forward
 
@@ -29,6 +31,11 @@ def rms_norm(input: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6) 
         A contiguous tensor of input's shape and dtype. The math is float32 (float64 for
         float64 input) whatever the storage dtype.
     """
-    if PRECHECK_ARGUMENTS and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(input.device.type):
+    if torch.compiler.is_compiling():
+        return _rms_norm_op(input, weight, eps)[0]
+    direct = direct_call_allowed()
+    if PRECHECK_ARGUMENTS and (direct or not torch.is_autocast_enabled(input.device.type)):
         _rms_norm.check_forward(input, weight, eps)  # (autocast may still cast the weight)
+    if direct:
+        return _rms_norm.direct(input, weight, eps)
     return _rms_norm_op(input, weight, eps)[0]

@@ -20,6 +20,7 @@ import math
 import torch
 
 from .. import _native
+from . import _direct
 
 forward = torch.ops.fusedops.rms_norm.default
 backward = torch.ops.fusedops.rms_norm_backward.default
@@ -128,11 +129,40 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(input, weight, rstd)
 
 
-def _backward(ctx, grad_output, _grad_rstd):
+def _backward(ctx, grad_output, _grad_rstd=None):
     input, weight, rstd = ctx.saved_tensors
-    need_input, need_weight, _ = ctx.needs_input_grad
-    grad_input, grad_weight = backward(grad_output, input, weight, rstd, need_weight)
+    need_input, need_weight = ctx.needs_input_grad[:2]
+    args = (grad_output, input, weight, rstd, need_weight)
+    if torch.is_grad_enabled():  # create_graph=True: the registered op reports double backward
+        grad_input, grad_weight = backward(*args)
+    else:
+        grad_input, grad_weight = _direct.below_autograd(backward, *args)
     return (grad_input if need_input else None), (grad_weight if need_weight else None), None
+
+
+class _Function(torch.autograd.Function):
+    """The public function's autograd path: the registered autograd (_setup_context, _backward)
+    without the detour through the dispatcher (see ops/_direct.py)."""
+
+    @staticmethod
+    def forward(ctx, input, weight, eps):
+        out, rstd = _direct.below_autograd(forward, input, weight, eps)
+        ctx.save_for_backward(input, weight, rstd)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _backward(ctx, grad_output)
+
+
+_apply_function = _direct.bind_apply(_Function)
+
+
+def direct(input, weight, eps):
+    """``forward(input, weight, eps)[0]`` with autograd, where ``_direct.direct_call_allowed()``."""
+    if torch.is_grad_enabled() and (input.requires_grad or (weight is not None and weight.requires_grad)):
+        return _apply_function(input, weight, eps)
+    return _direct.below_autograd(forward, input, weight, eps)[0]
 
 
 def _double_backward(ctx, *grads):
