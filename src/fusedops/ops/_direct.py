@@ -7,8 +7,8 @@ trip costs more than the kernel. The public functions therefore call
 
 * their op's ``torch.autograd.Function`` directly (``bind_apply``) when an input requires
   grad, and
-* ``below_autograd(op, ...)``: the op under ``AutoDispatchBelowAutograd`` otherwise (and inside
-  that Function), which is exactly where the Autograd kernel would have redispatched to.
+* the op under ``BelowAutograd`` (``AutoDispatchBelowAutograd``) otherwise and inside that
+  Function, which is exactly where the Autograd kernel would have redispatched to.
 
 Both give the same values and gradients as the registered path. They are used only when
 ``direct_call_allowed()``: never while torch.compile traces (Dynamo sees the registered op),
@@ -18,13 +18,16 @@ save uncast), or inside functorch transforms (which need ``Function.apply``'s ow
 
 import torch
 
-_BelowAutograd = torch._C._AutoDispatchBelowAutograd
+# Entered around a call, sends it past the Autograd keys: where the Autograd kernel redispatches.
+BelowAutograd = torch._C._AutoDispatchBelowAutograd
+# Returns a tensor that outlived a functorch transform unwrapped (as Function.apply does), any
+# other tensor as it is.
+unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 _any_autocast = torch._C._is_any_autocast_enabled
 _functorch_active = torch._C._are_functorch_transforms_active
-_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 _is_compiling = torch.compiler.is_compiling
 # Function.apply without its Python prologue (argument binding for setup_context-style
-# Functions, functorch dispatch): the C++ autograd.Function entry point.
+# Functions, functorch dispatch, unwrap_if_dead on every argument): the C++ entry point.
 _base_apply = torch._C._FunctionBase.__dict__["apply"]
 
 
@@ -33,16 +36,11 @@ def direct_call_allowed() -> bool:
 
 
 def below_autograd(op, *args):
-    with _BelowAutograd():
+    with BelowAutograd():
         return op(*args)
 
 
 def bind_apply(function):
-    """A fast ``function.apply`` for a Function whose forward takes (ctx, *args)."""
-    base = _base_apply.__get__(None, function)
-
-    def apply(*args):
-        # Tensors that outlived a functorch transform are unwrapped first, as Function.apply does.
-        return base(*(_unwrap_if_dead(a) if isinstance(a, torch.Tensor) else a for a in args))
-
-    return apply
+    """``function.apply`` minus its Python prologue, for a Function whose forward takes
+    (ctx, *args). The caller passes tensors through ``unwrap_if_dead``."""
+    return _base_apply.__get__(None, function)

@@ -65,7 +65,9 @@ def check_weight(op, input, weight):
             f"{op}: weight dtype {_name(weight.dtype)} does not go with input dtype {_name(input.dtype)}: "
             "use the input's dtype, or float32 with bfloat16/float16 input"
         )
-    if weight.device != input.device:
+    same_device = (weight.is_cuda == input.is_cuda and weight.is_meta == input.is_meta
+                   and weight.get_device() == input.get_device())  # (no torch.device objects: cheaper)
+    if not same_device:
         raise ValueError(f"{op}: weight is on {weight.device} but input is on {input.device}")
 
 
@@ -140,13 +142,18 @@ def _backward(ctx, grad_output, _grad_rstd=None):
     return (grad_input if need_input else None), (grad_weight if need_weight else None), None
 
 
+# The op's pybind entry point: what OpOverload.__call__ forwards to, one Python frame less.
+_forward_entry = forward._op
+
+
 class _Function(torch.autograd.Function):
     """The public function's autograd path: the registered autograd (_setup_context, _backward)
     without the detour through the dispatcher (see ops/_direct.py)."""
 
     @staticmethod
     def forward(ctx, input, weight, eps):
-        out, rstd = _direct.below_autograd(forward, input, weight, eps)
+        with _direct.BelowAutograd():
+            out, rstd = _forward_entry(input, weight, eps)
         ctx.save_for_backward(input, weight, rstd)
         return out
 
@@ -156,13 +163,15 @@ class _Function(torch.autograd.Function):
 
 
 _apply_function = _direct.bind_apply(_Function)
+_unwrap = _direct.unwrap_if_dead
 
 
 def direct(input, weight, eps):
     """``forward(input, weight, eps)[0]`` with autograd, where ``_direct.direct_call_allowed()``."""
     if torch.is_grad_enabled() and (input.requires_grad or (weight is not None and weight.requires_grad)):
-        return _apply_function(input, weight, eps)
-    return _direct.below_autograd(forward, input, weight, eps)[0]
+        return _apply_function(_unwrap(input), None if weight is None else _unwrap(weight), eps)
+    with _direct.BelowAutograd():
+        return _forward_entry(input, weight, eps)[0]
 
 
 def _double_backward(ctx, *grads):
