@@ -1,5 +1,6 @@
 // rms_norm on the CPU: rows in parallel on torch's thread pool, each row in two vectorised
-// sweeps (sum of squares, then scale) that the second time read the row from cache.
+// sweeps (sum of squares, then scale) that the second time read the row from cache. The row
+// loops are compiled for several instruction sets and picked at load time (cpu_isa.h).
 // Math in float32 (float64 for float64 input).
 #include <algorithm>
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <torch/csrc/stable/ops.h>
 
 #include "fusedops/cpu_convert.h"
+#include "fusedops/cpu_isa.h"
 #include "fusedops/rms_norm.h"
 
 namespace fusedops::rms_norm {
@@ -32,30 +34,37 @@ acc_t<T> sum_of_squares(const T* x, int64_t n) {
   return ss;
 }
 
+// y and rstd of rows [begin, end).
 template <typename T, typename W>
-void forward_kernel(const Problem& p, const T* x, const W* w, T* y, acc_t<T>* rstd, double eps) {
+FUSEDOPS_CPU_MULTIVERSION void forward_rows(const Problem& p, const T* x, const W* w, T* y, acc_t<T>* rstd,
+                                            double eps, int64_t begin, int64_t end) {
   using A = acc_t<T>;
   const int64_t n = p.n;
-  torch::stable::parallel_for(0, p.num_rows, grain_rows(n), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + p.rows.offset(r);
-      T* yr = y + r * n;
-      const A rs = A(1) / std::sqrt(sum_of_squares(xr, n) / A(n) + A(eps));
-      rstd[r] = rs;
-      if (w != nullptr) {
+  for (int64_t r = begin; r < end; ++r) {
+    const T* xr = x + p.rows.offset(r);
+    T* yr = y + r * n;
+    const A rs = A(1) / std::sqrt(sum_of_squares(xr, n) / A(n) + A(eps));
+    rstd[r] = rs;
+    if (w != nullptr) {
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) yr[j] = from_acc<T>(to_acc(xr[j]) * rs * A(to_acc(w[j])));
-      } else {
+      for (int64_t j = 0; j < n; ++j) yr[j] = from_acc<T>(to_acc(xr[j]) * rs * A(to_acc(w[j])));
+    } else {
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) yr[j] = from_acc<T>(to_acc(xr[j]) * rs);
-      }
+      for (int64_t j = 0; j < n; ++j) yr[j] = from_acc<T>(to_acc(xr[j]) * rs);
     }
+  }
+}
+
+template <typename T, typename W>
+void forward_kernel(const Problem& p, const T* x, const W* w, T* y, acc_t<T>* rstd, double eps) {
+  torch::stable::parallel_for(0, p.num_rows, grain_rows(p.n), [&](int64_t begin, int64_t end) {
+    forward_rows<T, W>(p, x, w, y, rstd, eps, begin, end);
   });
 }
 
 // grad_input of rows [begin, end); adds each row's grad_output * xhat into dw_acc when given.
 template <typename T, typename W>
-void backward_rows(const Problem& p, const RowLayout& dy_rows, const T* dy, const T* x, const W* w,
+FUSEDOPS_CPU_MULTIVERSION void backward_rows(const Problem& p, const RowLayout& dy_rows, const T* dy, const T* x, const W* w,
                    const acc_t<T>* rstd, T* dx, acc_t<T>* dw_acc, int64_t begin, int64_t end) {
   using A = acc_t<T>;
   const int64_t n = p.n;
@@ -84,6 +93,17 @@ void backward_rows(const Problem& p, const RowLayout& dy_rows, const T* dy, cons
   }
 }
 
+// dw[j] = sum over c of partial[c, j], c in order, for j in [begin, end).
+template <typename A, typename W>
+FUSEDOPS_CPU_MULTIVERSION void sum_partials(const A* partial, int64_t chunks, int64_t n, W* dw, int64_t begin,
+                                            int64_t end) {
+  for (int64_t j = begin; j < end; ++j) {
+    A s = 0;
+    for (int64_t c = 0; c < chunks; ++c) s += partial[c * n + j];
+    dw[j] = from_acc<W>(s);
+  }
+}
+
 template <typename T, typename W>
 void backward_kernel(const Problem& p, const RowLayout& dy_rows, const T* dy, const T* x, const W* w,
                      const acc_t<T>* rstd, T* dx, W* dw, acc_t<T>* partial, int64_t chunks) {
@@ -105,11 +125,7 @@ void backward_kernel(const Problem& p, const RowLayout& dy_rows, const T* dy, co
     }
   });
   torch::stable::parallel_for(0, n, 4096, [&](int64_t jb, int64_t je) {
-    for (int64_t j = jb; j < je; ++j) {
-      A s = 0;
-      for (int64_t c = 0; c < chunks; ++c) s += partial[c * n + j];
-      dw[j] = from_acc<W>(s);
-    }
+    sum_partials<A, W>(partial, chunks, n, dw, jb, je);
   });
 }
 
