@@ -31,11 +31,10 @@ def rms_norm(input: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6) 
         A contiguous tensor of input's shape and dtype. The math is float32 (float64 for
         float64 input) whatever the storage dtype.
     """
-    if torch.compiler.is_compiling():
-        return _rms_norm_op(input, weight, eps)[0]
-    direct = direct_call_allowed()
-    if PRECHECK_ARGUMENTS and (direct or not torch.is_autocast_enabled(input.device.type)):
-        _rms_norm.check_forward(input, weight, eps)  # (autocast may still cast the weight)
-    if direct:
+    if direct_call_allowed():
+        if PRECHECK_ARGUMENTS:
+            _rms_norm.check_forward(input, weight, eps)
         return _rms_norm.direct(input, weight, eps)
+    if PRECHECK_ARGUMENTS and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(input.device.type):
+        _rms_norm.check_forward(input, weight, eps)  # (autocast may still cast the weight)
     return _rms_norm_op(input, weight, eps)[0]

@@ -35,11 +35,6 @@ def direct_call_allowed() -> bool:
     return not (_is_compiling() or _any_autocast() or _functorch_active())
 
 
-def below_autograd(op, *args):
-    with BelowAutograd():
-        return op(*args)
-
-
 def bind_apply(function):
     """``function.apply`` minus its Python prologue, for a Function whose forward takes
     (ctx, *args). The caller passes tensors through ``unwrap_if_dead``."""

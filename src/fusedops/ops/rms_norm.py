@@ -138,7 +138,8 @@ def _backward(ctx, grad_output, _grad_rstd=None):
     if torch.is_grad_enabled():  # create_graph=True: the registered op reports double backward
         grad_input, grad_weight = backward(*args)
     else:
-        grad_input, grad_weight = _direct.below_autograd(backward, *args)
+        with _direct.BelowAutograd():
+            grad_input, grad_weight = backward(*args)
     return (grad_input if need_input else None), (grad_weight if need_weight else None), None
 
 
