@@ -12,4 +12,14 @@ STABLE_TORCH_LIBRARY(fusedops, m) {
   m.def(
       "rms_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor rstd, "
       "bool weight_requires_grad) -> (Tensor grad_input, Tensor grad_weight)");
+
+  // LayerNorm over the last dimension, with optional weight and bias (same dtype). Returns the
+  // output (input's dtype) and each row's mean and reciprocal standard deviation (float32;
+  // float64 for float64 input), which backward reuses.
+  m.def("layer_norm(Tensor input, Tensor? weight, Tensor? bias, float eps) -> (Tensor output, Tensor mean, Tensor rstd)");
+  // grad_weight / grad_bias are empty tensors unless that parameter is given and requires grad.
+  m.def(
+      "layer_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor? bias, Tensor mean, "
+      "Tensor rstd, bool weight_requires_grad, bool bias_requires_grad) "
+      "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
 }

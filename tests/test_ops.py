@@ -171,15 +171,12 @@ def test_compile_fullgraph_dynamic(info, device):
     counters.clear()
     compiled = torch.compile(info.public, backend="inductor", fullgraph=True, dynamic=True)
     for rows, n in [(4, 64), (7, 64), (9, 128)]:
-        sample = next(s for s in info.samples(device, torch.float32, requires_grad=True, edge=False)
-                      if s.args[1] is not None)
-        x = torch.randn(rows, n, device=device, requires_grad=True)
-        w = torch.randn(n, device=device, requires_grad=True)
-        args = (x, w) + tuple(sample.args[2:])
-        out = compiled(*args)
-        expected = info.public(*args)
+        sample = info.sample_for_shape(device, torch.float32, (rows, n), requires_grad=True)
+        tensors = [sample.args[i] for i in info.grad_argnums]
+        out = compiled(*sample.args)
+        expected = info.public(*sample.args)
         torch.testing.assert_close(out, expected)
         g = torch.randn_like(out)
-        torch.testing.assert_close(torch.autograd.grad(out, (x, w), g), torch.autograd.grad(expected, (x, w), g))
+        torch.testing.assert_close(torch.autograd.grad(out, tensors, g), torch.autograd.grad(expected, tensors, g))
     assert counters["stats"]["unique_graphs"] == 1, f"recompiled: {dict(counters['stats'])}"
     assert not counters["graph_break"], f"graph breaks: {dict(counters['graph_break'])}"

@@ -18,6 +18,8 @@ def _schemas():
 class TestSchemas(expecttest.TestCase):
     def test_schema_list(self):
         self.assertExpectedInline(_schemas(), """\
+fusedops::layer_norm(Tensor input, Tensor? weight, Tensor? bias, float eps) -> (Tensor output, Tensor mean, Tensor rstd)
+fusedops::layer_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, bool weight_requires_grad, bool bias_requires_grad) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)
 fusedops::rms_norm(Tensor input, Tensor? weight, float eps) -> (Tensor output, Tensor rstd)
 fusedops::rms_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor rstd, bool weight_requires_grad) -> (Tensor grad_input, Tensor grad_weight)
 """)

@@ -75,15 +75,17 @@ def _benchmark():
     shapes = {"cpu": (2048, 4096), "cuda": (32768, 4096)}
     for device in _devices():
         rows, n = shapes[device]
-        for dtype in (torch.float32, torch.bfloat16):
-            x = torch.randn(rows, n, dtype=dtype, device=device)
-            w = torch.randn(n, dtype=dtype, device=device)
-            with torch.no_grad():
-                t_ours = _time_call(lambda: fusedops.rms_norm(x, w, 1e-6))
-                t_eager = _time_call(lambda: torch.nn.functional.rms_norm(x, (n,), w, 1e-6))
-            gbs = 2 * x.numel() * x.element_size() / t_ours / 1e9
-            print(f"  {'rms_norm':<12} {device:<6} {f'{rows}x{n}':<14} {str(dtype)[6:]:<9} "
-                  f"{t_ours * 1e3:>8.3f}ms {t_eager * 1e3:>8.3f}ms  {gbs:.0f}")
+        for info in OP_TESTS:
+            if info.torch_equivalent is None:
+                continue
+            for dtype in (torch.float32, torch.bfloat16):
+                args = info.sample_for_shape(device, dtype, (rows, n)).args
+                with torch.no_grad():
+                    t_ours = _time_call(lambda: info.public(*args))
+                    t_eager = _time_call(lambda: info.torch_equivalent(*args))
+                gbs = 2 * args[0].numel() * args[0].element_size() / t_ours / 1e9
+                print(f"  {info.name:<12} {device:<6} {f'{rows}x{n}':<14} {str(dtype)[6:]:<9} "
+                      f"{t_ours * 1e3:>8.3f}ms {t_eager * 1e3:>8.3f}ms  {gbs:.0f}")
 
 
 def main(argv=None):

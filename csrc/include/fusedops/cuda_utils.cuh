@@ -141,27 +141,39 @@ __device__ __forceinline__ A row_sum(A v, A* scratch) {
   return warp_sum(v);
 }
 
-// Sum over groups of G consecutive threads (G a power of two up to 256 that divides the block;
-// one group per row). Every thread of the block must call it, and gets its group's total, added
-// in a fixed order. Groups wider than a warp go through `scratch` (blockDim.x / 32 values) and
-// one barrier: callers that reduce again before all threads have read must alternate between
-// two scratch buffers.
+// Sums over groups of G consecutive threads (G a power of two up to 256 that divides the block;
+// one group per row), K values at once. Every thread of the block must call it, and gets its
+// group's totals, added in a fixed order. Groups wider than a warp go through `scratch`
+// (K * blockDim.x / 32 values) and one barrier: callers that reduce again before all threads
+// have read must alternate between two scratch buffers.
+template <int G, int K, typename A>
+__device__ __forceinline__ void group_sum(A (&v)[K], A* scratch) {
+#pragma unroll
+  for (int offset = (G < 32 ? G : 32) / 2; offset > 0; offset >>= 1)
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], offset);
+  if constexpr (G > 32) {
+    constexpr int kWarps = G / 32;
+    A* mine = scratch + (threadIdx.x / G) * kWarps * K;
+    if ((threadIdx.x & 31) == 0)
+#pragma unroll
+      for (int k = 0; k < K; ++k) mine[k * kWarps + (threadIdx.x % G) / 32] = v[k];
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      A total = 0;
+#pragma unroll
+      for (int i = 0; i < kWarps; ++i) total += mine[k * kWarps + i];
+      v[k] = total;
+    }
+  }
+}
+
 template <int G, typename A>
 __device__ __forceinline__ A group_sum(A v, A* scratch) {
-#pragma unroll
-  for (int offset = (G < 32 ? G : 32) / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  if constexpr (G <= 32) {
-    return v;
-  } else {
-    constexpr int kWarps = G / 32;
-    A* mine = scratch + (threadIdx.x / G) * kWarps;
-    if ((threadIdx.x & 31) == 0) mine[(threadIdx.x % G) / 32] = v;
-    __syncthreads();
-    A total = 0;
-#pragma unroll
-    for (int i = 0; i < kWarps; ++i) total += mine[i];
-    return total;
-  }
+  A vals[1] = {v};
+  group_sum<G, 1>(vals, scratch);
+  return vals[0];
 }
 
 inline cudaStream_t current_stream(int32_t device_index) {

@@ -6,11 +6,11 @@ Each op lives in ops/<op>.py; importing this package registers them all."""
 import torch
 
 from .. import _native
-from . import rms_norm
+from . import layer_norm, rms_norm
 
 # Every public op of the library, by name (the same name as the schema, the C++/Triton files,
 # the docs page and the benchmark id).
-OPS = {"rms_norm": rms_norm}
+OPS = {"rms_norm": rms_norm, "layer_norm": layer_norm}
 
 
 def backend_for(op: str, device) -> str:

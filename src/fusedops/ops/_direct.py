@@ -39,3 +39,35 @@ def bind_apply(function):
     """``function.apply`` minus its Python prologue, for a Function whose forward takes
     (ctx, *args). The caller passes tensors through ``unwrap_if_dead``."""
     return _base_apply.__get__(None, function)
+
+
+class below_autograd_unless_grad:
+    """A backward formula's context: ``BelowAutograd`` when grad mode is off (the usual
+    backward), nothing when it is on (create_graph=True), so that the registered backward op's
+    own autograd runs and reports that double backward is not supported."""
+
+    __slots__ = ("_guard",)
+
+    def __enter__(self):
+        self._guard = BelowAutograd() if not torch.is_grad_enabled() else None
+        if self._guard is not None:
+            self._guard.__enter__()
+
+    def __exit__(self, *exc):
+        if self._guard is not None:
+            self._guard.__exit__(*exc)
+
+
+def register_no_double_backward(backward_op: str, public_name: str) -> None:
+    """Registers autograd for a backward op that says clearly that double backward (a gradient
+    through the backward, create_graph=True) is not supported."""
+
+    def _double_backward(ctx, *grads):
+        raise NotImplementedError(
+            f"{public_name} does not support double backward (create_graph=True through its backward)"
+        )
+
+    def _setup_context(ctx, inputs, output):
+        pass
+
+    torch.library.register_autograd(backward_op, _double_backward, setup_context=_setup_context)

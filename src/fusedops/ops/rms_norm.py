@@ -15,110 +15,33 @@ double the memory traffic; the output keeps the input's dtype. A weight whose dt
 neither the input's nor float32 is cast to the input's dtype.
 """
 
-import math
-
 import torch
 
 from .. import _native
-from . import _direct
+from . import _direct, _norm
 
 forward = torch.ops.fusedops.rms_norm.default
 backward = torch.ops.fusedops.rms_norm_backward.default
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_NARROW = (torch.bfloat16, torch.float16)
-
-
-def _name(dtype):
-    return str(dtype).removeprefix("torch.")
-
-
-def _shape(t):
-    return "[" + ", ".join(str(s) for s in t.shape) + "]"
-
-
-def acc_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-# The same checks, in the same words, as csrc/include/fusedops/rms_norm.h.
-def check_input(op, input):
-    if input.dim() < 1:
-        raise ValueError(f"{op}: input must have at least 1 dimension, got a 0-dimensional tensor")
-    if input.dtype not in _FLOAT_DTYPES:
-        raise ValueError(
-            f"{op}: input dtype must be float32, bfloat16, float16 or float64, got {_name(input.dtype)}"
-        )
-
-
-def check_weight(op, input, weight):
-    if weight is None:
-        return
-    n = input.shape[-1]
-    if weight.dim() != 1 or weight.shape[0] != n:
-        raise ValueError(
-            f"{op}: weight must be a 1-D tensor of size {n} (the size of input's last dimension), "
-            f"got shape {_shape(weight)}"
-        )
-    if not (weight.dtype == input.dtype or (input.dtype in _NARROW and weight.dtype == torch.float32)):
-        raise ValueError(
-            f"{op}: weight dtype {_name(weight.dtype)} does not go with input dtype {_name(input.dtype)}: "
-            "use the input's dtype, or float32 with bfloat16/float16 input"
-        )
-    same_device = (weight.is_cuda == input.is_cuda and weight.is_meta == input.is_meta
-                   and weight.get_device() == input.get_device())  # (no torch.device objects: cheaper)
-    if not same_device:
-        raise ValueError(f"{op}: weight is on {weight.device} but input is on {input.device}")
-
 
 def check_forward(input, weight, eps):
-    check_input("rms_norm", input)
-    check_weight("rms_norm", input, weight)
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"rms_norm: eps must be a finite number >= 0, got {eps:g}")
+    _norm.check_forward("rms_norm", input, weight, None, eps)
 
 
 def check_backward(grad_output, input, weight, rstd):
-    op = "rms_norm_backward"
-    check_input(op, input)
-    check_weight(op, input, weight)
-    if grad_output.shape != input.shape:
-        raise ValueError(
-            f"{op}: grad_output shape {_shape(grad_output)} does not match input shape {_shape(input)}"
-        )
-    if grad_output.dtype != input.dtype:
-        raise ValueError(
-            f"{op}: grad_output dtype {_name(grad_output.dtype)} does not match input dtype {_name(input.dtype)}"
-        )
-    acc = acc_dtype(input.dtype)
-    if rstd.shape != input.shape[:-1] or rstd.dtype != acc:
-        raise ValueError(
-            f"{op}: rstd must be a {_name(acc)} tensor of input's leading shape (as returned by rms_norm), "
-            f"got {_name(rstd.dtype)} of shape {_shape(rstd)}"
-        )
-    for arg, t in (("grad_output", grad_output), ("rstd", rstd)):
-        if t.device != input.device:
-            raise ValueError(f"{op}: {arg} is on {t.device} but input is on {input.device}")
-
-
-def _empty_grad_weight(input, weight, weight_requires_grad):
-    if weight is not None and weight_requires_grad:
-        return weight.new_empty(weight.shape)
-    return input.new_empty((0,), dtype=weight.dtype if weight is not None else input.dtype)
+    _norm.check_backward("rms_norm_backward", "rms_norm", grad_output, input, weight, None, None, rstd)
 
 
 @torch.library.register_fake("fusedops::rms_norm")
 def _forward_fake(input, weight, eps):
     check_forward(input, weight, eps)
-    out = torch.empty_like(input, memory_format=torch.contiguous_format)
-    return out, input.new_empty(input.shape[:-1], dtype=acc_dtype(input.dtype))
+    return _norm.output_like(input), _norm.row_stat(input)
 
 
 @torch.library.register_fake("fusedops::rms_norm_backward")
 def _backward_fake(grad_output, input, weight, rstd, weight_requires_grad):
     check_backward(grad_output, input, weight, rstd)
-    grad_input = torch.empty_like(input, memory_format=torch.contiguous_format)
-    return grad_input, _empty_grad_weight(input, weight, weight_requires_grad)
+    return _norm.output_like(input), _norm.param_grad(input, weight, weight_requires_grad)
 
 
 # ---- autograd ------------------------------------------------------------------------------
@@ -134,12 +57,8 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_output, _grad_rstd=None):
     input, weight, rstd = ctx.saved_tensors
     need_input, need_weight = ctx.needs_input_grad[:2]
-    args = (grad_output, input, weight, rstd, need_weight)
-    if torch.is_grad_enabled():  # create_graph=True: the registered op reports double backward
-        grad_input, grad_weight = backward(*args)
-    else:
-        with _direct.BelowAutograd():
-            grad_input, grad_weight = backward(*args)
+    with _direct.below_autograd_unless_grad():  # create_graph=True: the op reports double backward
+        grad_input, grad_weight = backward(grad_output, input, weight, rstd, need_weight)
     return (grad_input if need_input else None), (grad_weight if need_weight else None), None
 
 
@@ -175,37 +94,18 @@ def direct(input, weight, eps):
         return _forward_entry(input, weight, eps)[0]
 
 
-def _double_backward(ctx, *grads):
-    raise NotImplementedError(
-        "fusedops.rms_norm does not support double backward (create_graph=True through its backward)"
-    )
-
-
-def _backward_setup_context(ctx, inputs, output):
-    pass
-
-
 torch.library.register_autograd("fusedops::rms_norm", _backward, setup_context=_setup_context)
-torch.library.register_autograd(
-    "fusedops::rms_norm_backward", _double_backward, setup_context=_backward_setup_context
-)
+_direct.register_no_double_backward("fusedops::rms_norm_backward", "fusedops.rms_norm")
 
 
 # ---- autocast ------------------------------------------------------------------------------
 
 _lib = torch.library.Library("fusedops", "IMPL")
-_AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU) | torch._C.DispatchKeySet(
-    torch._C.DispatchKey.AutocastCUDA
-)
 
 
 def _autocast(input, weight, eps):
-    if weight is not None and not (
-        weight.dtype == input.dtype or (input.dtype in _NARROW and weight.dtype == torch.float32)
-    ):
-        weight = weight.to(input.dtype)
-    with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
-        return forward(input, weight, eps)
+    with torch._C._ExcludeDispatchKeyGuard(_norm.AUTOCAST_KEYS):
+        return forward(input, _norm.autocast_param(input, weight), eps)
 
 
 _lib.impl("rms_norm", _autocast, "AutocastCPU")

@@ -42,6 +42,9 @@ class OpTestInfo:
     public: Callable  # fusedops.<name>: differentiable, returns what users see
     reference: Callable  # same signature and outputs as `public`, any dtype (fp64 in tests)
     samples: Callable[..., Iterator[Sample]]  # (device, dtype, requires_grad) -> samples
+    # (device, dtype, shape, requires_grad) -> an ordinary Sample of input shape `shape` with
+    # every optional tensor argument given
+    sample_for_shape: Callable[..., Sample]
     error_samples: Callable[..., Iterator[ErrorSample]]  # (device) -> bad inputs
     # hypothesis strategy factory: (device, dtype) -> strategy of Samples with unusual strides
     strided_samples: Callable[..., Any]
@@ -58,6 +61,8 @@ class OpTestInfo:
     grad_argnums: Tuple[int, ...] = (0,)
     # (device) -> [(autocast dtype, Sample)] and the checker of one result under autocast
     autocast_check: Optional[Callable[..., None]] = None
+    # torch's own implementation with `public`'s signature (for `python -m fusedops`'s timing)
+    torch_equivalent: Optional[Callable] = None
 
 
 def check_against_reference(info: OpTestInfo, sample: Sample, dtype: torch.dtype) -> None:
@@ -96,7 +101,8 @@ def _assert_close(actual, expected, tol, what):
     )
 
 
+from . import layer_norm as _layer_norm  # noqa: E402
 from . import rms_norm as _rms_norm  # noqa: E402
 
-OP_TESTS = [_rms_norm.INFO]
+OP_TESTS = [_rms_norm.INFO, _layer_norm.INFO]
 OP_TESTS_BY_NAME = {info.name: info for info in OP_TESTS}

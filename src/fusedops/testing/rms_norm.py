@@ -5,12 +5,8 @@ import torch
 import fusedops
 from fusedops.ops import rms_norm as _op
 
-from . import ErrorSample, OpTestInfo, Sample, Tolerance
-
-# Widths: 1, odd, not a multiple of any vector width, exactly one vector, several cached
-# vectors per thread, and one wide enough for the two-sweep kernels on the GPU.
-_SHAPES = [(1, 8), (5, 32), (3, 7, 64), (17, 100), (4, 1), (2, 1000), (3, 4104), (2, 1, 20000)]
-_EDGE_SHAPES = [(0, 16), (2, 0, 8), (3, 0), (16,)]
+from . import ErrorSample, OpTestInfo, Sample
+from . import _norm
 
 
 def reference(input, weight=None, eps=1e-6):
@@ -22,24 +18,22 @@ def reference(input, weight=None, eps=1e-6):
     return y
 
 
-def _weights(n, dtype, device, requires_grad):
-    yield None
-    yield torch.randn(n, dtype=dtype, device=device).requires_grad_(requires_grad)
-    if dtype in (torch.bfloat16, torch.float16):
-        yield torch.randn(n, dtype=torch.float32, device=device).requires_grad_(requires_grad)
-
-
 def samples(device, dtype, requires_grad=False, edge=True):
-    shapes = _SHAPES + (_EDGE_SHAPES if edge else [])
+    shapes = _norm.SHAPES + (_norm.EDGE_SHAPES if edge else [])
     for shape in shapes:
-        for weight in _weights(shape[-1], dtype, device, requires_grad):
+        for wdt in (None,) + _norm.param_dtypes(dtype):
             x = torch.randn(shape, dtype=dtype, device=device).requires_grad_(requires_grad)
-            wdesc = "none" if weight is None else str(weight.dtype).removeprefix("torch.")
+            weight = None if wdt is None else _norm.param(shape[-1], wdt, device, requires_grad)
+            wdesc = "none" if wdt is None else _norm.dtype_name(wdt)
             yield Sample((x, weight, 1e-6), f"{list(shape)}-w_{wdesc}")
-    # A large eps, and rows of very different scales (rstd must not be shared between rows).
-    x = torch.randn(6, 48, dtype=dtype, device=device) * torch.logspace(-3, 3, 6, device=device).to(dtype)[:, None]
-    w = torch.randn(48, dtype=dtype, device=device)
-    yield Sample((x.requires_grad_(requires_grad), w.requires_grad_(requires_grad), 0.5), "scales-eps0.5")
+    # A large eps, and rows of very different scales.
+    x = _norm.scaled_rows(dtype, device, requires_grad)
+    yield Sample((x, _norm.param(48, dtype, device, requires_grad), 0.5), "scales-eps0.5")
+
+
+def sample_for_shape(device, dtype, shape, requires_grad=False):
+    x = torch.randn(shape, dtype=dtype, device=device).requires_grad_(requires_grad)
+    return Sample((x, _norm.param(shape[-1], dtype, device, requires_grad), 1e-6), f"{list(shape)}")
 
 
 def error_samples(device):
@@ -77,34 +71,7 @@ def error_samples(device):
 
 
 def strided_samples(device, dtype):
-    """hypothesis strategy: inputs whose leading dimensions are sliced, permuted or expanded,
-    and (sometimes) a strided last dimension."""
-    from hypothesis import strategies as st
-
-    @st.composite
-    def strided(draw):
-        ndim = draw(st.integers(2, 4))
-        shape = draw(st.lists(st.integers(1, 6), min_size=ndim - 1, max_size=ndim - 1))
-        n = draw(st.sampled_from([1, 3, 8, 16, 33, 64, 136]))
-        steps = draw(st.lists(st.integers(1, 3), min_size=ndim, max_size=ndim))
-        last_step = draw(st.sampled_from([1, 1, 1, 2]))
-        steps[-1] = last_step
-        big = [s * st_ for s, st_ in zip(shape + [n], steps)]
-        base = torch.randn(big, dtype=dtype, device=device)
-        x = base[tuple(slice(None, None, s) for s in steps)]
-        perm = draw(st.permutations(list(range(ndim - 1))))
-        x = x.permute(*perm, ndim - 1)
-        if draw(st.booleans()) and x.shape[0] > 0:
-            x = x[:1].expand(3, *x.shape[1:])  # a stride-0 leading dimension
-        weight = draw(st.sampled_from(["none", "same", "strided"]))
-        w = None
-        if weight == "same":
-            w = torch.randn(n, dtype=dtype, device=device)
-        elif weight == "strided":
-            w = torch.randn(2 * n, dtype=dtype, device=device)[::2]
-        return Sample((x, w, 1e-5), f"shape={list(x.shape)} stride={list(x.stride())} w={weight}")
-
-    return strided()
+    return _norm.strided_inputs(device, dtype, lambda x, params: (x, params["weight"], 1e-5))
 
 
 def check_autocast(device):
@@ -146,26 +113,16 @@ INFO = OpTestInfo(
     public=fusedops.rms_norm,
     reference=reference,
     samples=samples,
+    sample_for_shape=sample_for_shape,
     error_samples=error_samples,
     strided_samples=strided_samples,
     backward_ops=(_op.backward,),
     backward_args=backward_args,
     dtypes=(torch.float32, torch.bfloat16, torch.float16),
-    # Output error of one rounding to the storage dtype on values of order 1, plus float32
-    # accumulation; gradients see two roundings (grad_output and the result).
-    tol={
-        torch.float32: Tolerance(atol=2e-5, rtol=2e-5),
-        torch.bfloat16: Tolerance(atol=1e-2, rtol=1e-2),
-        torch.float16: Tolerance(atol=2e-3, rtol=2e-3),
-        torch.float64: Tolerance(atol=1e-12, rtol=1e-12),
-    },
-    grad_tol={
-        torch.float32: Tolerance(atol=1e-4, rtol=1e-4),
-        torch.bfloat16: Tolerance(atol=5e-2, rtol=2e-2),
-        torch.float16: Tolerance(atol=1e-2, rtol=5e-3),
-        torch.float64: Tolerance(atol=1e-10, rtol=1e-10),
-    },
+    tol=_norm.TOL,
+    grad_tol=_norm.GRAD_TOL,
     triton_kernels=_triton_kernels,
     grad_argnums=(0, 1),
     autocast_check=check_autocast,
+    torch_equivalent=lambda x, w, eps: torch.nn.functional.rms_norm(x, x.shape[-1:], w, eps),
 )

@@ -1,0 +1,33 @@
+// layer_norm on CUDA: the generic row-normalisation kernels (cuda_norm.cuh), centred, with bias.
+#include <optional>
+#include <tuple>
+
+#include <torch/csrc/stable/library.h>
+
+#include "fusedops/cuda_norm.cuh"
+
+namespace fusedops::norm {
+namespace {
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_cuda(Tensor input, std::optional<Tensor> weight,
+                                                  std::optional<Tensor> bias, double eps) {
+  auto [out, mean, rstd] = cuda::forward<true>("layer_norm", input, weight, bias, eps);
+  return {out, *mean, rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward_cuda(Tensor grad_output, Tensor input,
+                                                           std::optional<Tensor> weight, std::optional<Tensor> bias,
+                                                           Tensor mean, Tensor rstd, bool weight_requires_grad,
+                                                           bool bias_requires_grad) {
+  const BackwardProblem p = backward_problem("layer_norm_backward", "layer_norm", grad_output, input, weight, bias,
+                                             mean, rstd, weight_requires_grad, bias_requires_grad);
+  return cuda::backward<true>(p, "layer_norm_backward");
+}
+
+}  // namespace
+}  // namespace fusedops::norm
+
+STABLE_TORCH_LIBRARY_IMPL(fusedops, CUDA, m) {
+  m.impl("layer_norm", TORCH_BOX(&fusedops::norm::layer_norm_cuda));
+  m.impl("layer_norm_backward", TORCH_BOX(&fusedops::norm::layer_norm_backward_cuda));
+}

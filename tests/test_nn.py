@@ -1,0 +1,45 @@
+"""The drop-in modules: same constructor arguments, parameters and state_dict keys as their torch
+counterparts, and the same results (within the op's tolerance) after loading torch's state."""
+
+import pytest
+import torch
+
+import fusedops
+from conftest import device_params
+
+# (fusedops module, torch module, constructor kwargs variants)
+PAIRS = [
+    pytest.param(fusedops.nn.RMSNorm, torch.nn.RMSNorm,
+                 [{}, {"eps": 1e-5}, {"elementwise_affine": False}], id="RMSNorm"),
+    pytest.param(fusedops.nn.LayerNorm, torch.nn.LayerNorm,
+                 [{}, {"eps": 1e-6}, {"bias": False}, {"elementwise_affine": False}], id="LayerNorm"),
+]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("ours, theirs, variants", PAIRS)
+def test_drop_in(ours, theirs, variants, device):
+    for kwargs in variants:
+        for shape in ((64,), (4, 16)):
+            mine, ref = ours(shape, device=device, **kwargs), theirs(shape, device=device, **kwargs)
+            assert list(mine.state_dict()) == list(ref.state_dict()), kwargs
+            with torch.no_grad():
+                for p in ref.parameters():
+                    p.normal_()  # not the initial ones and zeros
+            mine.load_state_dict(ref.state_dict())
+            x = torch.randn(3, 5, *shape, device=device, requires_grad=True)
+            y, y_ref = mine(x), ref(x)
+            torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+            g = torch.randn_like(y)
+            params = [x] + list(mine.parameters())
+            ref_params = [x] + list(ref.parameters())
+            for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(y_ref, ref_params, g)):
+                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+            # (torch's repr gained fields over versions, e.g. LayerNorm's bias=: ours is 2.13's)
+            assert repr(mine).startswith(repr(ref)[:-1]), (repr(mine), repr(ref))
+
+
+@pytest.mark.parametrize("ours", [fusedops.nn.RMSNorm, fusedops.nn.LayerNorm])
+def test_wrong_trailing_shape(ours):
+    with pytest.raises(ValueError, match=r"input's trailing shape \[8\] does not match normalized_shape \[16\]"):
+        ours(16)(torch.randn(2, 8))
