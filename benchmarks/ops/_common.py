@@ -1,0 +1,262 @@
+"""Glue shared by the row-normalisation entries (rms_norm, layer_norm).
+
+Everything here is parameterised by the op name or by the op's own
+callables, so an entry keeps only what is specific to its math: inputs,
+reference, eager call and the argument layout of its peers.  The loader
+skips this module (leading underscore): it defines no ``ENTRY``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+
+import torch
+
+from benchmarks.harness import Case, OpEntry, Probe, Provider, dist_version
+
+BF16, FP32 = torch.bfloat16, torch.float32
+
+# Both norms are benchmarked on the same problems so their tables can be read
+# side by side: three bandwidth-bound shapes of 64-256 MiB per tensor, and
+# three that only per-call overhead decides.
+ROW_NORM_GPU_CASES = [
+    Case((32768, 4096), BF16, "large"),
+    Case((4096, 8192), BF16, "large"),
+    Case((65536, 1024), BF16, "large"),
+    Case((1, 4096), BF16, "small"),
+    Case((16, 4096), BF16, "small"),
+    Case((256, 4096), BF16, "small"),
+]
+ROW_NORM_CPU_CASES = [
+    Case((8192, 4096), FP32, "large"),
+    Case((8192, 4096), BF16, "large"),
+    Case((16, 4096), BF16, "small"),
+]
+
+_MIN_BYTES_FACTOR = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
+
+
+def case_generator(case: Case, device: str, seed: int) -> torch.Generator:
+    """A generator seeded from the run seed and the shape, so each case gets
+    its own data and a rerun with the same --seed gets the same data."""
+    rows, hidden = case.shape
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed * 1_000_003 + rows * 31 + hidden)
+    return gen
+
+
+def row_norm_tensors(case: Case, device: str, seed: int, centres: tuple):
+    """(x, [parameters], dy) of a row norm: x requires grad; one learnable
+    ``nn.Parameter`` of shape (hidden,) in x's dtype per entry of ``centres``,
+    drawn as centre + 0.1 N(0, 1) (so a weight is never all ones and a bias
+    never all zeros, which would hide a kernel that skips it).
+
+    The draw order (x, parameters, dy) is part of the data: changing it
+    changes every case's inputs.
+    """
+    gen = case_generator(case, device, seed)
+    x = torch.randn(case.shape, generator=gen, device=device, dtype=case.dtype)
+    params = []
+    for centre in centres:
+        p = centre + 0.1 * torch.randn(case.shape[-1], generator=gen, device=device, dtype=torch.float32)
+        params.append(p)
+    dy = torch.randn(case.shape, generator=gen, device=device, dtype=case.dtype)
+    x.requires_grad_(True)
+    return x, [torch.nn.Parameter(p.to(case.dtype)) for p in params], dy
+
+
+def row_norm_min_bytes(case: Case, mode: str) -> int:
+    """Element-wise traffic only: x and y (fwd), x, dy and dx (bwd)."""
+    return _MIN_BYTES_FACTOR[mode] * case.numel * case.itemsize
+
+
+def row_norm_bytes_model(ignored: str) -> str:
+    """The report line of ``row_norm_min_bytes``; ``ignored`` names the small
+    tensors the op also touches, which the model leaves out."""
+    return (
+        "E = rows x hidden elements of s bytes; fwd = 2*E*s (read x, write y), "
+        "bwd = 3*E*s (read x, read dy, write dx), fwd+bwd = 5*E*s; "
+        f"{ignored} are ignored (O(hidden) or O(rows))."
+    )
+
+
+# -- third-party peers ---------------------------------------------------------
+
+
+def cuda_import_probe(label: str, module: str, attr: str, dists: tuple):
+    """probe(device) for a CUDA-only peer: available iff ``module.attr`` imports.
+
+    The import happens inside the probe, never at entry import time, so a
+    missing or broken peer package costs a "skipped" row, not the run.
+    """
+    package = module.split(".")[0]
+
+    def probe(device):
+        if device != "cuda":
+            return Probe(label, False, "CUDA only")
+        try:
+            getattr(importlib.import_module(module), attr)
+        except Exception as exc:
+            return Probe(label, False, f"{package} not importable ({type(exc).__name__}: {exc})")
+        version = ""
+        for dist in dists:
+            version = version or dist_version(dist)
+        return Probe(label, True, version=version)
+
+    return probe
+
+
+def autograd_apply_by_name(function, arg_names: tuple, aliases: dict, wanted: dict, assumed: tuple):
+    """fn(*args) calling ``function.apply`` with ``args`` placed by parameter name.
+
+    ``autograd.Function.apply`` is positional only, and peers insert options
+    between releases, so the layout is read from ``function.forward``'s
+    signature.  ``arg_names`` is the entry's argument order; ``aliases`` maps
+    each to the parameter names it may go by; ``wanted`` pins options
+    (matched by exact name); any other parameter takes its default.
+    ``assumed`` is the parameter list to fall back on when a decorator without
+    ``functools.wraps`` hides the signature.
+    """
+    params = list(inspect.signature(function.forward).parameters.values())[1:]
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        names = assumed
+        defaults = {}
+    else:
+        names = [p.name for p in params]
+        defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    alias_of = {alias: arg for arg, spellings in aliases.items() for alias in spellings}
+    layout = []
+    for name in names:
+        if name.lower() in alias_of:
+            layout.append(alias_of[name.lower()])
+        elif name in wanted:
+            layout.append(("const", wanted[name]))
+        elif name in defaults:
+            layout.append(("const", defaults[name]))
+        else:
+            raise TypeError(f"unexpected {function.__name__}.forward parameter {name!r}")
+    apply = function.apply
+
+    def run(*args):
+        values = dict(zip(arg_names, args))
+        return apply(*(values[s] if isinstance(s, str) else s[1] for s in layout))
+
+    return run
+
+
+# -- torch.compile -------------------------------------------------------------
+
+
+def probe_compile(device):
+    if device == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError as exc:
+            return Probe("torch.compile", False, f"triton not importable ({exc})")
+    return Probe("torch.compile", True)
+
+
+def _configure_compile():
+    # Each shape gets its own compile; raise dynamo's recompile limit so that
+    # many shapes (several dtypes, grad/no-grad, several ops) never fall back
+    # to eager.
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), 64))
+    # The "bwd" mode replays one backward with retain_graph=True, which AOT
+    # autograd refuses when the backward donates (reuses) saved buffers.
+    # Donation only saves memory; it does not change the kernels.
+    functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
+    if functorch_config is not None and hasattr(functorch_config, "donated_buffer"):
+        functorch_config.donated_buffer = False
+
+
+def compiled_provider(reference) -> Provider:
+    """The "torch.compile" peer: ``reference`` compiled once per case, whole graph."""
+
+    def factory(case, device):
+        _configure_compile()
+        return torch.compile(reference, dynamic=False, fullgraph=True)
+
+    return Provider("torch.compile", probe_compile, factory)
+
+
+# -- fusedops ------------------------------------------------------------------
+
+
+def fusedops_backend(fusedops, op: str, device: str):
+    """(backend label, remark) for the kernel serving ``op`` on the device."""
+    backend_for = getattr(fusedops, "backend_for", None)
+    if backend_for is not None:
+        try:
+            backend = backend_for(op, torch.device(device))
+        except TypeError:
+            backend = backend_for(op, device)
+        if not backend:
+            raise RuntimeError(f"fusedops has no {op} kernel for {device}")
+        return str(backend), ""
+    guess = os.environ.get("FUSEDOPS_BACKEND") or device
+    return guess, f"backend label guessed ({guess}): fusedops.backend_for is missing"
+
+
+def probe_fusedops(op: str, device: str, raw: bool = False) -> Probe:
+    """Availability and label ("fusedops-<backend>[-raw]") of fusedops' ``op``."""
+    suffix = "-raw" if raw else ""
+    try:
+        fusedops = importlib.import_module("fusedops")
+    except Exception as exc:
+        return Probe(f"fusedops{suffix}", False, f"fusedops not importable ({type(exc).__name__}: {exc})")
+    version = getattr(fusedops, "__version__", "") or dist_version("fusedops")
+    if raw:
+        try:
+            getattr(torch.ops.fusedops, op).default  # noqa: B018
+        except Exception as exc:
+            return Probe("fusedops-raw", False, f"no torch.ops.fusedops.{op} ({exc})")
+    elif not hasattr(fusedops, op):
+        return Probe("fusedops", False, f"fusedops has no {op}", version)
+    try:
+        backend, remark = fusedops_backend(fusedops, op, device)
+    except Exception as exc:
+        return Probe(f"fusedops{suffix}", False, f"backend_for failed ({type(exc).__name__}: {exc})", version)
+    requested = os.environ.get("FUSEDOPS_BACKEND", "").strip().lower()
+    if device == "cuda" and requested not in ("", "auto") and requested != backend:
+        remark = f"FUSEDOPS_BACKEND={requested} but {op} is served by {backend}"
+    return Probe(f"fusedops-{backend}{suffix}", True, remark, version)
+
+
+def fusedops_providers(op: str, factory, raw_factory) -> list:
+    """The subject providers of ``op``: the public function, and the raw
+    ``torch.ops`` op (forward only, opt-in) that shows what the autograd
+    wrapper costs per call.  The factories stay with the entry because the
+    call signature is the op's."""
+    return [
+        Provider("fusedops", lambda device: probe_fusedops(op, device), factory, role="subject"),
+        Provider("fusedops-raw", lambda device: probe_fusedops(op, device, raw=True), raw_factory,
+                 role="subject", modes=("fwd",), default=False),
+    ]
+
+
+# -- the entry ---------------------------------------------------------------
+
+
+def row_norm_entry(name: str, make_inputs, reference, ignored: str, eager: Provider,
+                   peers: list, fusedops, fusedops_raw) -> OpEntry:
+    """The ``OpEntry`` of a row norm: the shared cases and bytes model, and the
+    providers in the order the reports show them: eager, torch.compile of
+    ``reference``, the op's third-party ``peers``, then fusedops (public
+    function from the ``fusedops`` factory, raw op from ``fusedops_raw``).
+    ``ignored`` names the small tensors left out of the bytes model."""
+    return OpEntry(
+        name=name,
+        gpu_cases=ROW_NORM_GPU_CASES,
+        cpu_cases=ROW_NORM_CPU_CASES,
+        make_inputs=make_inputs,
+        reference=reference,
+        min_bytes=row_norm_min_bytes,
+        bytes_model=row_norm_bytes_model(ignored),
+        providers=[eager, compiled_provider(reference), *peers,
+                   *fusedops_providers(name, fusedops, fusedops_raw)],
+    )
