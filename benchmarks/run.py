@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available() and not args.report_only:
         print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
         return 2
     if args.threads:
