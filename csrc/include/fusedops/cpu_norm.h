@@ -50,19 +50,20 @@ acc_t<T> row_sum_sq(const T* x, int64_t n, acc_t<T> mu) {
   return s;
 }
 
-// Pointers of one problem, typed.
-template <typename T, typename W>
+// The input rows and affine parameters of one problem, typed; the per-row statistics (mean:
+// layer_norm only) are written by the forward and read by the backward.
+template <typename T, typename W, typename Stat>
 struct Args {
   const T* x = nullptr;
   const W* w = nullptr;  // null: no weight
   const W* b = nullptr;  // null: no bias
-  acc_t<T>* mean = nullptr;
-  acc_t<T>* rstd = nullptr;
+  Stat* mean = nullptr;
+  Stat* rstd = nullptr;
 };
 
 // y (and the statistics) of rows [begin, end).
 template <bool kCentered, typename T, typename W>
-FUSEDOPS_CPU_MULTIVERSION void forward_rows(const Problem& p, const Args<T, W>& a, T* y, double eps, int64_t begin,
+FUSEDOPS_CPU_MULTIVERSION void forward_rows(const Problem& p, const Args<T, W, acc_t<T>>& a, T* y, double eps, int64_t begin,
                                             int64_t end) {
   using A = acc_t<T>;
   const int64_t n = p.n;
@@ -105,7 +106,7 @@ std::tuple<Tensor, std::optional<Tensor>, Tensor> forward(const char* op, const 
     }
     dispatch_weight<T>(p.param_dtype(), [&](auto wtag) {
       using W = typename decltype(wtag)::type;
-      Args<T, W> a;
+      Args<T, W, A> a;
       a.x = p.input.const_data_ptr<T>();
       if (p.weight) a.w = p.weight->const_data_ptr<W>();
       if (p.bias) a.b = p.bias->const_data_ptr<W>();
@@ -125,7 +126,8 @@ std::tuple<Tensor, std::optional<Tensor>, Tensor> forward(const char* op, const 
 //   xhat = (x - mean) * rstd, g = grad_output * w
 //   dx = rstd * (g - xhat * mean(g * xhat) - mean(g))     (the last term: layer_norm only)
 template <bool kCentered, typename T, typename W>
-FUSEDOPS_CPU_MULTIVERSION void backward_rows(const BackwardProblem& p, const Args<T, W>& a, const T* dy, T* dx,
+FUSEDOPS_CPU_MULTIVERSION void backward_rows(const BackwardProblem& p, const Args<T, W, const acc_t<T>>& a,
+                                             const T* dy, T* dx,
                                              acc_t<T>* dw_acc, acc_t<T>* db_acc, int64_t begin, int64_t end) {
   using A = acc_t<T>;
   const int64_t n = p.n;
@@ -190,11 +192,11 @@ std::tuple<Tensor, Tensor, Tensor> backward(const BackwardProblem& p, const char
     using A = acc_t<T>;
     dispatch_weight<T>(p.param_dtype(), [&](auto wtag) {
       using W = typename decltype(wtag)::type;
-      Args<T, W> a;
+      Args<T, W, const A> a;
       a.x = p.input.const_data_ptr<T>();
       if (p.weight) a.w = p.weight->const_data_ptr<W>();
-      if (kCentered) a.mean = const_cast<A*>(p.mean->const_data_ptr<A>());
-      a.rstd = const_cast<A*>(p.rstd.const_data_ptr<A>());
+      if (kCentered) a.mean = p.mean->const_data_ptr<A>();
+      a.rstd = p.rstd.const_data_ptr<A>();
       const T* dy = p.grad_output.const_data_ptr<T>();
       T* dx = grad_input.mutable_data_ptr<T>();
       if (!want_dw && !want_db) {

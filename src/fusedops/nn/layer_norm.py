@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from ..functional import layer_norm
+from ._normalized_shape import apply_over_trailing
 
 
 class LayerNorm(torch.nn.Module):
@@ -54,18 +55,9 @@ class LayerNorm(torch.nn.Module):
             torch.nn.init.zeros_(self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
-        k = len(self.normalized_shape)
-        if tuple(input.shape[-k:]) != self.normalized_shape:
-            raise ValueError(
-                f"LayerNorm: input's trailing shape {list(input.shape[-k:])} does not match "
-                f"normalized_shape {list(self.normalized_shape)}"
-            )
-        if k == 1:
-            return layer_norm(input, self.weight, self.bias, self.eps)
-        flat = input.reshape(*input.shape[:-k], -1)
-        weight = None if self.weight is None else self.weight.reshape(-1)
-        bias = None if self.bias is None else self.bias.reshape(-1)
-        return layer_norm(flat, weight, bias, self.eps).view(input.shape)
+        return apply_over_trailing(
+            layer_norm, "LayerNorm", input, self.normalized_shape, (self.weight, self.bias), self.eps
+        )
 
     def extra_repr(self) -> str:
         return (

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from ..functional import rms_norm
+from ._normalized_shape import apply_over_trailing
 
 
 class RMSNorm(torch.nn.Module):
@@ -45,18 +46,8 @@ class RMSNorm(torch.nn.Module):
             torch.nn.init.ones_(self.weight)
 
     def forward(self, input: Tensor) -> Tensor:
-        k = len(self.normalized_shape)
-        if tuple(input.shape[-k:]) != self.normalized_shape:
-            raise ValueError(
-                f"RMSNorm: input's trailing shape {list(input.shape[-k:])} does not match "
-                f"normalized_shape {list(self.normalized_shape)}"
-            )
         eps = torch.finfo(input.dtype).eps if self.eps is None else self.eps
-        if k == 1:
-            return rms_norm(input, self.weight, eps)
-        flat = input.reshape(*input.shape[:-k], -1)
-        weight = None if self.weight is None else self.weight.reshape(-1)
-        return rms_norm(flat, weight, eps).view(input.shape)
+        return apply_over_trailing(rms_norm, "RMSNorm", input, self.normalized_shape, (self.weight,), eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

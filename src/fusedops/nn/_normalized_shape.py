@@ -1,0 +1,29 @@
+"""What the norm modules share: applying a last-dimension norm over a trailing `normalized_shape`."""
+
+from typing import Callable, Optional, Sequence
+
+from torch import Tensor
+
+
+def apply_over_trailing(
+    norm: Callable[..., Tensor],
+    module: str,
+    input: Tensor,
+    normalized_shape: Sequence[int],
+    params: Sequence[Optional[Tensor]],
+    eps: float,
+) -> Tensor:
+    """``norm(input, *params, eps)`` over the trailing ``normalized_shape`` of ``input``: those
+    dimensions are flattened into one (a copy only if they cannot be viewed as one), the
+    parameters likewise, and the result is viewed back to ``input``'s shape."""
+    k = len(normalized_shape)
+    if tuple(input.shape[-k:]) != tuple(normalized_shape):
+        raise ValueError(
+            f"{module}: input's trailing shape {list(input.shape[-k:])} does not match "
+            f"normalized_shape {list(normalized_shape)}"
+        )
+    if k == 1:
+        return norm(input, *params, eps)
+    flat = input.reshape(*input.shape[:-k], -1)
+    flat_params = [None if p is None else p.reshape(-1) for p in params]
+    return norm(flat, *flat_params, eps).view(input.shape)
