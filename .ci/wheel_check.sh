@@ -14,6 +14,8 @@ ROOT=$PWD
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda-13.0}
 BUILD_TORCH=${BUILD_TORCH:-2.14.1}
 TEST_TORCH=${TEST_TORCH:-2.13.0}
+ARCHS=${ARCHS:-9.0}            # TORCH_CUDA_ARCH_LIST of the check build
+WHEEL_OUT=${WHEEL_OUT:-}       # a directory to keep the repaired wheel in (for the H200 check)
 work=$(mktemp -d /tmp/fusedops-wheel.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/src" "$work/dist" "$work/repaired"
@@ -30,8 +32,8 @@ for id in cp310-manylinux_x86_64 cp310-manylinux_aarch64; do
   grep -qx "$id" <<<"$ids" || { echo "cibuildwheel would not build $id" >&2; exit 1; }
 done
 
-echo "-- build (torch $BUILD_TORCH, CUDA kernels for sm_90)"
-(cd "$work/src" && PATH="$ROOT/.venv-cuda/bin:$PATH" CUDA_HOME="$CUDA_HOME" FUSEDOPS_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 \
+echo "-- build (torch $BUILD_TORCH, CUDA kernels for $ARCHS)"
+(cd "$work/src" && PATH="$ROOT/.venv-cuda/bin:$PATH" CUDA_HOME="$CUDA_HOME" FUSEDOPS_CUDA=1 TORCH_CUDA_ARCH_LIST="$ARCHS" \
   "$ROOT/.venv-cuda/bin/pip" wheel -q --no-build-isolation --no-deps -w "$work/dist" .)
 
 echo "-- auditwheel repair"
@@ -58,4 +60,5 @@ echo "-- fresh venv with torch $TEST_TORCH (CPU), smoke test"
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install -q "torch==$TEST_TORCH" numpy "$wheel"
 (cd "$work" && "$work/venv/bin/python" -m fusedops --no-bench)
+[ -n "$WHEEL_OUT" ] && mkdir -p "$WHEEL_OUT" && cp "$wheel" "$WHEEL_OUT"/
 echo "wheel check passed: $(basename "$wheel")"

@@ -95,13 +95,13 @@ class Inputs:
     ``args`` is passed unchanged to every provider callable and, upcast to
     fp32, to the entry's reference.  ``grad_argnums`` names the positions of
     ``args`` that the backward modes differentiate (they must require grad);
-    ``grad_out`` is the upstream gradient.  ``names`` labels the arguments in
-    messages.
+    ``grad_out`` is the upstream gradient (a tuple, one per output, for ops
+    with several outputs).  ``names`` labels the arguments in messages.
     """
 
     args: tuple
     grad_argnums: tuple = ()
-    grad_out: Optional[torch.Tensor] = None
+    grad_out: Any = None
     names: tuple = ()
 
     def arg_name(self, i: int) -> str:
@@ -359,8 +359,19 @@ def free_memory(device: str) -> None:
 # --------------------------------------------------------------------------
 
 
-def rel_error(out: Optional[torch.Tensor], ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in fp32; inf for a missing, misshaped or non-finite result."""
+def as_tuple(value) -> tuple:
+    """An op's result (one tensor, or a tuple for ops with several outputs) as a tuple."""
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def rel_error(out, ref) -> float:
+    """||out - ref|| / ||ref|| in fp32; inf for a missing, misshaped or non-finite result. For
+    several outputs, the worst of them."""
+    if isinstance(ref, (tuple, list)):
+        outs = as_tuple(out) if out is not None else (None,) * len(ref)
+        if len(outs) != len(ref):
+            return math.inf
+        return max(rel_error(o, r) for o, r in zip(outs, ref))
     if out is None or tuple(out.shape) != tuple(ref.shape):
         return math.inf
     diff = (out.detach().float() - ref.float()).norm().item()
@@ -385,7 +396,10 @@ def reference_for(entry: OpEntry, inputs: Inputs, need_grad: bool):
     grads = None
     if need_grad:
         wrt = [ref_args[i] for i in inputs.grad_argnums]
-        grads = [g.detach() for g in torch.autograd.grad(out, wrt, inputs.grad_out.float())]
+        grad_out = tuple(g.float() for g in as_tuple(inputs.grad_out))
+        grads = [g.detach() for g in torch.autograd.grad(as_tuple(out), wrt, grad_out)]
+    if isinstance(out, (tuple, list)):
+        return tuple(o.detach() for o in out), grads
     return out.detach(), grads
 
 

@@ -7,11 +7,35 @@
 STABLE_TORCH_LIBRARY(fusedops, m) {
   // RMSNorm over the last dimension. Returns the output (input's dtype) and the reciprocal
   // root-mean-square of each row (float32; float64 for float64 input), which backward reuses.
-  m.def("rms_norm(Tensor input, Tensor? weight, float eps) -> (Tensor output, Tensor rstd)");
-  // grad_weight is an empty tensor unless weight is given and weight_requires_grad is true.
+  // The weight scales as (offset + weight) (Gemma: offset 1); cast_before_weight rounds the
+  // normalised row to input's dtype before the weight multiply (LLaMA), else all math is float32.
+  // save_output tells autograd to keep the output rather than the input (kernels ignore it).
   m.def(
-      "rms_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor rstd, "
-      "bool weight_requires_grad) -> (Tensor grad_input, Tensor grad_weight)");
+      "rms_norm(Tensor input, Tensor? weight, float eps, float offset=0., bool cast_before_weight=False, "
+      "bool save_output=False) -> (Tensor output, Tensor rstd)");
+  // `saved` is the forward's input, or with saved_is_output its output (the memory-saving
+  // backward). grad_weight is an empty tensor unless weight is given and weight_requires_grad.
+  m.def(
+      "rms_norm_backward(Tensor grad_output, Tensor saved, Tensor? weight, Tensor rstd, float offset, "
+      "bool saved_is_output, bool weight_requires_grad) -> (Tensor grad_input, Tensor grad_weight)");
+
+  // rms_norm(input + residual), also returning the sum (residual_out, in residual's dtype, which
+  // may be float32 under 16-bit input); the output has input's dtype. One read of each input,
+  // one write of each output.
+  m.def(
+      "add_rms_norm(Tensor input, Tensor residual, Tensor? weight, float eps, float offset=0., "
+      "bool cast_before_weight=False) -> (Tensor output, Tensor residual_out, Tensor rstd)");
+  // The same, writing the sum into residual (no autograd: an inference form).
+  m.def(
+      "add_rms_norm_(Tensor input, Tensor(a!) residual, Tensor? weight, float eps, float offset=0., "
+      "bool cast_before_weight=False) -> (Tensor output, Tensor rstd)");
+  // grad_input (grad_output's dtype) is the gradient of input and, when residual_out has the same
+  // dtype, of residual too; grad_residual is then empty, else it is that gradient in
+  // residual_out's dtype. grad_residual_out (absent: zero) is the gradient reaching residual_out.
+  m.def(
+      "add_rms_norm_backward(Tensor grad_output, Tensor? grad_residual_out, Tensor residual_out, "
+      "Tensor? weight, Tensor rstd, float offset, bool weight_requires_grad) "
+      "-> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight)");
 
   // LayerNorm over the last dimension, with optional weight and bias (same dtype). Returns the
   // output (input's dtype) and each row's mean and reciprocal standard deviation (float32;

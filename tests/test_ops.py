@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fusedops import backend_for
 from fusedops._native import PRECHECK_ARGUMENTS
-from fusedops.testing import OP_TESTS, check_against_reference
+from fusedops.testing import OP_TESTS, check_against_reference, grads_for, outputs_of
 from conftest import device_params
 
 OPS = [pytest.param(info, id=info.name) for info in OP_TESTS]
@@ -57,6 +57,8 @@ def test_opcheck(info, device):
             for bwd in info.backward_ops:
                 grad = torch.randn_like(outputs[0])
                 torch.library.opcheck(bwd, info.backward_args(sample, outputs, grad))
+            for variant, variant_args in info.variant_ops:
+                torch.library.opcheck(variant, variant_args(sample))
             tested += 1
     assert tested > 0
 
@@ -108,10 +110,10 @@ def test_public_function_checks(info, device):
 def test_weight_grad_is_deterministic(info, device):
     for sample in info.samples(device, torch.float32, requires_grad=True, edge=False):
         tensors = [sample.args[i] for i in info.grad_argnums if isinstance(sample.args[i], torch.Tensor)]
-        out = info.public(*sample.args)
-        g = torch.randn_like(out)
-        first = torch.autograd.grad(out, tensors, g, retain_graph=True)
-        second = torch.autograd.grad(out, tensors, g)
+        outs = outputs_of(info.public(*sample.args))
+        g = grads_for(outs)
+        first = torch.autograd.grad(outs, tensors, g, retain_graph=True)
+        second = torch.autograd.grad(outs, tensors, g)
         for a, b in zip(first, second):
             assert torch.equal(a, b), sample.desc
 
@@ -125,11 +127,11 @@ def test_direct_call_matches_dispatcher_route(info, device, monkeypatch):
     import fusedops.functional
 
     def run(sample):
-        out = info.public(*sample.args)
+        outs = outputs_of(info.public(*sample.args))
         tensors = [sample.args[i] for i in info.grad_argnums if isinstance(sample.args[i], torch.Tensor)]
-        if not out.requires_grad:
-            return out, ()
-        return out, torch.autograd.grad(out, tensors, torch.ones_like(out))
+        if not outs[0].requires_grad:
+            return outs, ()
+        return outs, torch.autograd.grad(outs, tensors, [torch.ones_like(o) for o in outs])
 
     for requires_grad in (True, False):
         for sample in info.samples(device, torch.float32, requires_grad=requires_grad, edge=False):
@@ -137,8 +139,9 @@ def test_direct_call_matches_dispatcher_route(info, device, monkeypatch):
             direct = run(sample)
             monkeypatch.setattr(fusedops.functional, "direct_call_allowed", lambda: False)
             routed = run(sample)
-            assert direct[0].requires_grad == routed[0].requires_grad == requires_grad, sample.desc
-            assert torch.equal(direct[0], routed[0]), sample.desc
+            for a, b in zip(direct[0], routed[0], strict=True):
+                assert a.requires_grad == b.requires_grad == requires_grad, sample.desc
+                assert torch.equal(a, b), sample.desc
             assert len(direct[1]) == len(routed[1]), sample.desc
             for a, b in zip(direct[1], routed[1]):
                 assert torch.equal(a, b), sample.desc
@@ -148,8 +151,8 @@ def test_direct_call_matches_dispatcher_route(info, device, monkeypatch):
 @pytest.mark.parametrize("info", OPS)
 def test_double_backward_raises(info, device):
     sample = next(info.samples(device, torch.float64, requires_grad=True, edge=False))
-    out = info.public(*sample.args)
-    (g,) = torch.autograd.grad(out.sum(), sample.args[0], create_graph=True)
+    outs = outputs_of(info.public(*sample.args))
+    (g,) = torch.autograd.grad(sum(o.sum() for o in outs), sample.args[0], create_graph=True)
     with pytest.raises(NotImplementedError, match="does not support double backward"):
         g.sum().backward()
 
@@ -173,10 +176,10 @@ def test_compile_fullgraph_dynamic(info, device):
     for rows, n in [(4, 64), (7, 64), (9, 128)]:
         sample = info.sample_for_shape(device, torch.float32, (rows, n), requires_grad=True)
         tensors = [sample.args[i] for i in info.grad_argnums]
-        out = compiled(*sample.args)
-        expected = info.public(*sample.args)
-        torch.testing.assert_close(out, expected)
-        g = torch.randn_like(out)
-        torch.testing.assert_close(torch.autograd.grad(out, tensors, g), torch.autograd.grad(expected, tensors, g))
+        outs = outputs_of(compiled(*sample.args))
+        expected = outputs_of(info.public(*sample.args))
+        torch.testing.assert_close(outs, expected)
+        g = grads_for(outs)
+        torch.testing.assert_close(torch.autograd.grad(outs, tensors, g), torch.autograd.grad(expected, tensors, g))
     assert counters["stats"]["unique_graphs"] == 1, f"recompiled: {dict(counters['stats'])}"
     assert not counters["graph_break"], f"graph breaks: {dict(counters['graph_break'])}"

@@ -18,8 +18,11 @@ def _schemas():
 class TestSchemas(expecttest.TestCase):
     def test_schema_list(self):
         self.assertExpectedInline(_schemas(), """\
+fusedops::add_rms_norm(Tensor input, Tensor residual, Tensor? weight, float eps, float offset=0., bool cast_before_weight=False) -> (Tensor output, Tensor residual_out, Tensor rstd)
+fusedops::add_rms_norm_(Tensor input, Tensor(a!) residual, Tensor? weight, float eps, float offset=0., bool cast_before_weight=False) -> (Tensor output, Tensor rstd)
+fusedops::add_rms_norm_backward(Tensor grad_output, Tensor? grad_residual_out, Tensor residual_out, Tensor? weight, Tensor rstd, float offset, bool weight_requires_grad) -> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight)
 fusedops::layer_norm(Tensor input, Tensor? weight, Tensor? bias, float eps) -> (Tensor output, Tensor mean, Tensor rstd)
 fusedops::layer_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, bool weight_requires_grad, bool bias_requires_grad) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)
-fusedops::rms_norm(Tensor input, Tensor? weight, float eps) -> (Tensor output, Tensor rstd)
-fusedops::rms_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor rstd, bool weight_requires_grad) -> (Tensor grad_input, Tensor grad_weight)
+fusedops::rms_norm(Tensor input, Tensor? weight, float eps, float offset=0., bool cast_before_weight=False, bool save_output=False) -> (Tensor output, Tensor rstd)
+fusedops::rms_norm_backward(Tensor grad_output, Tensor saved, Tensor? weight, Tensor rstd, float offset, bool saved_is_output, bool weight_requires_grad) -> (Tensor grad_input, Tensor grad_weight)
 """)

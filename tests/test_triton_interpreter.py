@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from fusedops.ops import OPS as OP_MODULES
 from fusedops.testing import OP_TESTS
 from conftest import HAS_CUDA
 
@@ -15,33 +16,37 @@ pytestmark = pytest.mark.skipif(
     HAS_CUDA or os.environ.get("TRITON_INTERPRET") != "1",
     reason="runs in Triton's interpreter on a machine without a GPU (the GPU runs the real kernels)",
 )
-OPS = [pytest.param(info, id=info.name) for info in OP_TESTS if info.triton_kernels]
+OPS = [pytest.param(info, id=info.name) for info in OP_TESTS]
+
+
+def _assert_all_close(got, expected, tol, desc, scaled=False):
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == e.shape and g.dtype == e.dtype, desc
+        scale = max(1.0, e.abs().max().item()) if scaled and e.numel() else 1.0
+        torch.testing.assert_close(g / scale, e / scale, atol=tol.atol, rtol=tol.rtol, msg=lambda m: f"{desc}: {m}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
 @pytest.mark.parametrize("info", OPS)
 def test_triton_matches_cpu_kernels(info, dtype):
     pytest.importorskip("triton")
-    forward, backward = info.triton_kernels()
+    kernels = OP_MODULES[info.name].TRITON_IMPLS  # op name -> Triton kernel, the op's signature
+    backward_op = info.backward_ops[0]
     tol = info.tol[dtype]
     checked = 0
     for sample in info.samples("cpu", dtype, requires_grad=False):
         if sample.args[0].numel() > 2048:
             continue  # the interpreter costs about 0.5 ms per program instance
         expected = info.op(*sample.args)
-        got = forward(*sample.args)
-        for g, e in zip(got, expected):
-            assert g.shape == e.shape and g.dtype == e.dtype, sample.desc
-            torch.testing.assert_close(g, e, atol=tol.atol, rtol=tol.rtol, msg=lambda m: f"{sample.desc}: {m}")
-        grad = torch.randn_like(expected[0])
-        args = info.backward_args(sample, expected, grad)
-        expected_grads = info.backward_ops[0](*args)
-        got_grads = backward(*args)
-        gtol = info.grad_tol[dtype]
-        for g, e in zip(got_grads, expected_grads):
-            assert g.shape == e.shape and g.dtype == e.dtype, sample.desc
-            scale = max(1.0, e.abs().max().item()) if e.numel() else 1.0
-            torch.testing.assert_close(g / scale, e / scale, atol=gtol.atol, rtol=gtol.rtol,
-                                       msg=lambda m: f"{sample.desc}: {m}")
+        _assert_all_close(kernels[info.name](*sample.args), expected, tol, sample.desc)
+        args = info.backward_args(sample, expected, torch.randn_like(expected[0]))
+        got_grads = kernels[backward_op._schema.name.removeprefix("fusedops::")](*args)
+        _assert_all_close(got_grads, backward_op(*args), info.grad_tol[dtype], sample.desc, scaled=True)
+        for variant, variant_args in info.variant_ops:
+            # (both calls mutate their own copy of any mutated argument; compare those too)
+            expected_args, got_args = variant_args(sample), variant_args(sample)
+            expected = variant(*expected_args)
+            got = kernels[variant._schema.name.removeprefix("fusedops::")](*got_args)
+            _assert_all_close(tuple(got) + got_args[:2], tuple(expected) + expected_args[:2], tol, sample.desc)
         checked += 1
     assert checked > 0

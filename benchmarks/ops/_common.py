@@ -35,7 +35,8 @@ ROW_NORM_CPU_CASES = [
     Case((16, 4096), BF16, "small"),
 ]
 
-_MIN_BYTES_FACTOR = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
+# Tensor passes of E elements each mode must make at least (x, y; x, dy, dx).
+ROW_NORM_PASSES = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
 
 
 def case_generator(case: Case, device: str, seed: int) -> torch.Generator:
@@ -67,19 +68,22 @@ def row_norm_tensors(case: Case, device: str, seed: int, centres: tuple):
     return x, [torch.nn.Parameter(p.to(case.dtype)) for p in params], dy
 
 
-def row_norm_min_bytes(case: Case, mode: str) -> int:
-    """Element-wise traffic only: x and y (fwd), x, dy and dx (bwd)."""
-    return _MIN_BYTES_FACTOR[mode] * case.numel * case.itemsize
+def min_bytes_of(passes: dict):
+    """min_bytes(case, mode): element-wise traffic only, ``passes[mode]`` tensors of E elements."""
+
+    def min_bytes(case: Case, mode: str) -> int:
+        return passes[mode] * case.numel * case.itemsize
+
+    return min_bytes
 
 
-def row_norm_bytes_model(ignored: str) -> str:
-    """The report line of ``row_norm_min_bytes``; ``ignored`` names the small
-    tensors the op also touches, which the model leaves out."""
-    return (
-        "E = rows x hidden elements of s bytes; fwd = 2*E*s (read x, write y), "
-        "bwd = 3*E*s (read x, read dy, write dx), fwd+bwd = 5*E*s; "
-        f"{ignored} are ignored (O(hidden) or O(rows))."
+def row_norm_bytes_model(ignored: str, passes_text: str = "") -> str:
+    """The report line of the bytes model; ``ignored`` names the small tensors
+    the op also touches, which the model leaves out."""
+    passes_text = passes_text or (
+        "fwd = 2*E*s (read x, write y), bwd = 3*E*s (read x, read dy, write dx), fwd+bwd = 5*E*s"
     )
+    return f"E = rows x hidden elements of s bytes; {passes_text}; {ignored} are ignored (O(hidden) or O(rows))."
 
 
 # -- third-party peers ---------------------------------------------------------
@@ -202,9 +206,10 @@ def fusedops_backend(fusedops, op: str, device: str):
     return guess, f"backend label guessed ({guess}): fusedops.backend_for is missing"
 
 
-def probe_fusedops(op: str, device: str, raw: bool = False) -> Probe:
-    """Availability and label ("fusedops-<backend>[-raw]") of fusedops' ``op``."""
-    suffix = "-raw" if raw else ""
+def probe_fusedops(op: str, device: str, raw: bool = False, variant: str = "") -> Probe:
+    """Availability and label ("fusedops-<backend>[-raw]", or "fusedops-<backend>+<variant>" for
+    an option variant) of fusedops' ``op``."""
+    suffix = "-raw" if raw else f"+{variant}" if variant else ""
     try:
         fusedops = importlib.import_module("fusedops")
     except Exception as exc:
@@ -227,36 +232,48 @@ def probe_fusedops(op: str, device: str, raw: bool = False) -> Probe:
     return Probe(f"fusedops-{backend}{suffix}", True, remark, version)
 
 
-def fusedops_providers(op: str, factory, raw_factory) -> list:
-    """The subject providers of ``op``: the public function, and the raw
+def _large_only(case: Case, device: str):
+    return None if case.size == "large" else "option variants run on the large shapes only"
+
+
+def fusedops_providers(op: str, factory, raw_factory, variants: dict = None) -> list:
+    """The subject providers of ``op``: the public function, the raw
     ``torch.ops`` op (forward only, opt-in) that shows what the autograd
-    wrapper costs per call.  The factories stay with the entry because the
-    call signature is the op's."""
-    return [
+    wrapper costs per call, and one provider per option variant
+    (``variants``: name -> factory computing the same function with that
+    option on; large shapes only).  The factories stay with the entry because
+    the call signature is the op's."""
+    providers = [
         Provider("fusedops", lambda device: probe_fusedops(op, device), factory, role="subject"),
         Provider("fusedops-raw", lambda device: probe_fusedops(op, device, raw=True), raw_factory,
                  role="subject", modes=("fwd",), default=False),
     ]
+    for name, variant_factory in (variants or {}).items():
+        providers.append(Provider(f"fusedops+{name}", lambda device, name=name: probe_fusedops(op, device, variant=name),
+                                  variant_factory, role="subject", supports=_large_only))
+    return providers
 
 
 # -- the entry ---------------------------------------------------------------
 
 
 def row_norm_entry(name: str, make_inputs, reference, ignored: str, eager: Provider,
-                   peers: list, fusedops, fusedops_raw) -> OpEntry:
+                   peers: list, fusedops, fusedops_raw, passes: dict = ROW_NORM_PASSES,
+                   passes_text: str = "", variants: dict = None) -> OpEntry:
     """The ``OpEntry`` of a row norm: the shared cases and bytes model, and the
     providers in the order the reports show them: eager, torch.compile of
     ``reference``, the op's third-party ``peers``, then fusedops (public
     function from the ``fusedops`` factory, raw op from ``fusedops_raw``).
-    ``ignored`` names the small tensors left out of the bytes model."""
+    ``ignored`` names the small tensors left out of the bytes model; ``passes``
+    (with its description ``passes_text``) overrides the x/y/dy/dx model."""
     return OpEntry(
         name=name,
         gpu_cases=ROW_NORM_GPU_CASES,
         cpu_cases=ROW_NORM_CPU_CASES,
         make_inputs=make_inputs,
         reference=reference,
-        min_bytes=row_norm_min_bytes,
-        bytes_model=row_norm_bytes_model(ignored),
+        min_bytes=min_bytes_of(passes),
+        bytes_model=row_norm_bytes_model(ignored, passes_text),
         providers=[eager, compiled_provider(reference), *peers,
-                   *fusedops_providers(name, fusedops, fusedops_raw)],
+                   *fusedops_providers(name, fusedops, fusedops_raw, variants)],
     )

@@ -22,7 +22,10 @@ shape, dynamic=False, fullgraph), "liger" (Liger-Kernel), "quack" (quack's
 CuTe-DSL kernel) and the subject "fusedops-<backend>" (``fusedops.rms_norm``,
 labelled with the backend serving it).  "fusedops-raw" (the raw
 ``torch.ops.fusedops.rms_norm`` op, forward only) runs only when named in
---providers; it shows what the autograd wrapper costs per call.
+--providers; it shows what the autograd wrapper costs per call.  The option
+variants "fusedops-<backend>+offset", "+cast" and "+save-output" run the
+same function with Gemma's offset, LLaMA's casting and the memory-saving
+backward on (large shapes only).
 """
 
 from __future__ import annotations
@@ -113,6 +116,27 @@ def _fusedops(case, device):
     return lambda x, w, eps: f(x, w, eps=eps)
 
 
+# The options, each computing the same function so that the harness's correctness check holds:
+# Gemma's offset on a weight stored as w - 1 (that subtraction, O(hidden), is in the timed
+# region), LLaMA's casting (one extra rounding: within tolerance), the memory-saving backward.
+def _fusedops_offset(case, device):
+    import fusedops
+
+    return lambda x, w, eps: fusedops.rms_norm(x, w - 1.0, eps, offset=1.0)
+
+
+def _fusedops_cast(case, device):
+    import fusedops
+
+    return lambda x, w, eps: fusedops.rms_norm(x, w, eps, cast_before_weight=True)
+
+
+def _fusedops_save_output(case, device):
+    import fusedops
+
+    return lambda x, w, eps: fusedops.rms_norm(x, w, eps, save_output=True)
+
+
 def _fusedops_raw(case, device):
     op = torch.ops.fusedops.rms_norm.default
     return lambda x, w, eps: op(x, w, eps)[0]
@@ -125,4 +149,5 @@ ENTRY = _common.row_norm_entry(
     peers=[Provider("liger", _probe_liger, _liger), Provider("quack", _probe_quack, _quack)],
     fusedops=_fusedops,
     fusedops_raw=_fusedops_raw,
+    variants={"offset": _fusedops_offset, "cast": _fusedops_cast, "save-output": _fusedops_save_output},
 )

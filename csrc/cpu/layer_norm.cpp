@@ -11,8 +11,10 @@ namespace {
 
 std::tuple<Tensor, Tensor, Tensor> layer_norm_cpu(Tensor input, std::optional<Tensor> weight,
                                                   std::optional<Tensor> bias, double eps) {
-  auto [out, mean, rstd] = cpu::forward<true>("layer_norm", input, weight, bias, eps);
-  return {out, *mean, rstd};
+  const Problem p = forward_problem("layer_norm", input, weight, bias, eps);
+  const ForwardOutputs o = forward_outputs(p, true);
+  cpu::forward<true>(p, o, "layer_norm");
+  return {o.out, *o.mean, o.rstd};
 }
 
 std::tuple<Tensor, Tensor, Tensor> layer_norm_backward_cpu(Tensor grad_output, Tensor input,
@@ -21,7 +23,9 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward_cpu(Tensor grad_output, T
                                                            bool bias_requires_grad) {
   const BackwardProblem p = backward_problem("layer_norm_backward", "layer_norm", grad_output, input, weight, bias,
                                              mean, rstd, weight_requires_grad, bias_requires_grad);
-  return cpu::backward<true>(p, "layer_norm_backward");
+  const BackwardOutputs o = backward_outputs(p);
+  cpu::backward<true>(p, o, "layer_norm_backward");
+  return {o.grad_input, o.grad_weight, o.grad_bias};
 }
 
 }  // namespace

@@ -9,17 +9,23 @@
 namespace fusedops::norm {
 namespace {
 
-std::tuple<Tensor, Tensor> rms_norm_cuda(Tensor input, std::optional<Tensor> weight, double eps) {
-  auto [out, mean, rstd] = cuda::forward<false>("rms_norm", input, weight, std::nullopt, eps);
-  return {out, rstd};
+std::tuple<Tensor, Tensor> rms_norm_cuda(Tensor input, std::optional<Tensor> weight, double eps, double offset,
+                                        bool cast_before_weight, bool /*save_output: autograd's*/) {
+  const Problem p = forward_problem("rms_norm", input, weight, std::nullopt, eps, offset, cast_before_weight);
+  const ForwardOutputs o = forward_outputs(p, false);
+  cuda::forward<false>(p, o, "rms_norm");
+  return {o.out, o.rstd};
 }
 
-std::tuple<Tensor, Tensor> rms_norm_backward_cuda(Tensor grad_output, Tensor input, std::optional<Tensor> weight,
-                                                  Tensor rstd, bool weight_requires_grad) {
-  const BackwardProblem p = backward_problem("rms_norm_backward", "rms_norm", grad_output, input, weight,
-                                             std::nullopt, std::nullopt, rstd, weight_requires_grad, false);
-  auto [grad_input, grad_weight, grad_bias] = cuda::backward<false>(p, "rms_norm_backward");
-  return {grad_input, grad_weight};
+std::tuple<Tensor, Tensor> rms_norm_backward_cuda(Tensor grad_output, Tensor saved, std::optional<Tensor> weight,
+                                                 Tensor rstd, double offset, bool saved_is_output,
+                                                 bool weight_requires_grad) {
+  const BackwardProblem p = backward_problem("rms_norm_backward", "rms_norm", grad_output, saved, weight,
+                                             std::nullopt, std::nullopt, rstd, weight_requires_grad, false, offset,
+                                             saved_is_output);
+  const BackwardOutputs o = backward_outputs(p);
+  cuda::backward<false>(p, o, "rms_norm_backward");
+  return {o.grad_input, o.grad_weight};
 }
 
 }  // namespace

@@ -9,7 +9,7 @@ import torch
 import torch.utils.benchmark
 
 import fusedops
-from fusedops.testing import OP_TESTS, check_against_reference
+from fusedops.testing import OP_TESTS, check_against_reference, outputs_of
 
 
 def _devices():
@@ -71,7 +71,7 @@ def _time_call(fn):
 def _benchmark():
     """A glance, not a measurement: benchmarks/ has the harness and the peers."""
     print("\nquick benchmark (forward, median; full comparisons: benchmarks/run.py)")
-    print(f"  {'op':<12} {'device':<6} {'shape':<14} {'dtype':<9} {'fusedops':>10} {'eager':>10}  GB/s")
+    print(f"  {'op':<13} {'device':<6} {'shape':<14} {'dtype':<9} {'fusedops':>10} {'eager':>10}  GB/s")
     shapes = {"cpu": (2048, 4096), "cuda": (32768, 4096)}
     for device in _devices():
         rows, n = shapes[device]
@@ -83,8 +83,11 @@ def _benchmark():
                 with torch.no_grad():
                     t_ours = _time_call(lambda: info.public(*args))
                     t_eager = _time_call(lambda: info.torch_equivalent(*args))
-                gbs = 2 * args[0].numel() * args[0].element_size() / t_ours / 1e9
-                print(f"  {info.name:<12} {device:<6} {f'{rows}x{n}':<14} {str(dtype)[6:]:<9} "
+                    outputs = outputs_of(info.public(*args))
+                # (the minimum bytes: every tensor argument read once, every output written once)
+                moved = sum(t.nbytes for t in args if isinstance(t, torch.Tensor)) + sum(o.nbytes for o in outputs)
+                gbs = moved / t_ours / 1e9
+                print(f"  {info.name:<13} {device:<6} {f'{rows}x{n}':<14} {str(dtype)[6:]:<9} "
                       f"{t_ours * 1e3:>8.3f}ms {t_eager * 1e3:>8.3f}ms  {gbs:.0f}")
 
 

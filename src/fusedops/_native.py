@@ -8,6 +8,7 @@ the CUDA major version it was compiled with. FUSEDOPS_BACKEND chooses what serve
 
 import importlib
 import os
+import re
 
 import torch
 
@@ -45,6 +46,38 @@ def build_info():
             "`pip install --no-build-isolation -e .` (see README.md)"
         ) from e
     return dict(BUILD_INFO)
+
+
+def archs_cover(arch_spec, capability):
+    """Whether a build for `arch_spec` (TORCH_CUDA_ARCH_LIST: "8.0;9.0;12.0+PTX") has code a GPU
+    of compute `capability` (major, minor) can run: a cubin for the same major and a minor no
+    newer than the GPU's ("a" variants: the exact GPU only), or PTX for an older or equal
+    architecture, which the driver compiles for the GPU."""
+    for item in re.split(r"[;\s]+", arch_spec.strip()):
+        m = re.fullmatch(r"(\d+)\.(\d+)(a?)(\+PTX)?", item)
+        if m is None:
+            continue
+        arch = (int(m.group(1)), int(m.group(2)))
+        exact_only = bool(m.group(3))
+        if arch == tuple(capability):
+            return True
+        if not exact_only and arch[0] == capability[0] and arch[1] <= capability[1]:
+            return True
+        if m.group(4) and not exact_only and arch <= tuple(capability):
+            return True
+    return False
+
+
+def gpus_without_code():
+    """The visible GPUs this install's CUDA kernels have no code for, as (index, name,
+    capability). Initialises CUDA."""
+    spec = build_info()["cuda_archs"]
+    missing = []
+    for i in range(torch.cuda.device_count()):
+        cap = torch.cuda.get_device_capability(i)
+        if not archs_cover(spec, cap):
+            missing.append((i, torch.cuda.get_device_name(i), cap))
+    return missing
 
 
 def requested_backend():

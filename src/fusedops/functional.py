@@ -4,30 +4,56 @@ Each function is a thin call into the registered op (torch.ops.fusedops.<op>), s
 autocast, torch.compile and the fake kernels all come from the op's registration. In eager mode
 outside autocast the call skips the dispatcher's round trip through Python (ops/_direct.py)."""
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ._native import PRECHECK_ARGUMENTS
+from .ops import add_rms_norm as _add_rms_norm
 from .ops import layer_norm as _layer_norm
 from .ops import rms_norm as _rms_norm
 from .ops._direct import direct_call_allowed
 
 _rms_norm_op = _rms_norm.forward
+_add_rms_norm_op = _add_rms_norm.forward
+_add_rms_norm_inplace_op = _add_rms_norm.forward_
 _layer_norm_op = _layer_norm.forward
 
 
-def rms_norm(input: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6) -> Tensor:
+def _precheck_routed(input) -> bool:
+    # Older torch crashes when a stable-ABI kernel raises (fusedops/_native.py): check first,
+    # unless compiling (the fake kernel checks) or under autocast (which may still cast).
+    return PRECHECK_ARGUMENTS and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(input.device.type)
+
+
+def rms_norm(
+    input: Tensor,
+    weight: Optional[Tensor] = None,
+    eps: float = 1e-6,
+    offset: float = 0.0,
+    cast_before_weight: bool = False,
+    save_output: bool = False,
+) -> Tensor:
     r"""Root-mean-square normalisation over the last dimension.
 
-    .. math:: y = \frac{x}{\sqrt{\operatorname{mean}(x^2) + \epsilon}} \cdot w
+    .. math:: y = \frac{x}{\sqrt{\operatorname{mean}(x^2) + \epsilon}} \cdot (\text{offset} + w)
 
     Args:
         input: ``(..., n)`` tensor, float32, bfloat16, float16 or float64; any strides on the
             leading dimensions (no copy is made unless the last dimension is strided).
         weight: optional ``(n,)`` scale, in input's dtype or float32 (with bf16/fp16 input).
         eps: added to the mean square before the square root.
+        offset: added to the weight before it scales (Gemma: ``offset=1.0``, weights stored as
+            ``scale - 1``). Needs a weight.
+        cast_before_weight: the casting mode. ``False`` (default): everything in float32, one
+            rounding at the end, as Gemma and ``torch.nn.functional.rms_norm`` do. ``True``:
+            normalise in float32, round to input's dtype, then multiply by the weight, as
+            LLaMA-style models (Hugging Face ``LlamaRMSNorm``) do.
+        save_output: the memory-saving backward: autograd keeps the output instead of the input
+            and recovers ``x * rstd = y / (offset + w)``. It saves an activation-sized tensor
+            per norm when the input is otherwise dead (the next matmul saves the output anyway);
+            avoid it when ``offset + w`` can be close to 0.
 
     Returns:
         A contiguous tensor of input's shape and dtype. The math is float32 (float64 for
@@ -35,11 +61,64 @@ def rms_norm(input: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6) 
     """
     if direct_call_allowed():
         if PRECHECK_ARGUMENTS:
-            _rms_norm.check_forward(input, weight, eps)
-        return _rms_norm.direct(input, weight, eps)
-    if PRECHECK_ARGUMENTS and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(input.device.type):
-        _rms_norm.check_forward(input, weight, eps)  # (autocast may still cast the weight)
-    return _rms_norm_op(input, weight, eps)[0]
+            _rms_norm.check_forward(input, weight, eps, offset)
+        return _rms_norm.direct(input, weight, eps, offset, cast_before_weight, save_output)
+    if _precheck_routed(input):
+        _rms_norm.check_forward(input, weight, eps, offset)
+    return _rms_norm_op(input, weight, eps, offset, cast_before_weight, save_output)[0]
+
+
+def add_rms_norm(
+    input: Tensor,
+    residual: Tensor,
+    weight: Optional[Tensor] = None,
+    eps: float = 1e-6,
+    offset: float = 0.0,
+    cast_before_weight: bool = False,
+) -> Tuple[Tensor, Tensor]:
+    r"""The pre-norm transformer's residual step: ``residual_out = input + residual`` and
+    ``output = rms_norm(residual_out)``, in one pass over the rows.
+
+    Args:
+        input: ``(..., n)`` activations (a sublayer's output), float32, bfloat16, float16 or
+            float64; any leading strides.
+        residual: the residual stream, of input's shape; input's dtype, or float32 with
+            bf16/fp16 input (a wide residual stream).
+        weight, eps, offset, cast_before_weight: as for :func:`rms_norm` (the cast rounds to
+            input's dtype).
+
+    Returns:
+        ``(output, residual_out)``: output in input's dtype, residual_out (the sum, rounded to
+        residual's dtype, which output normalises) in residual's dtype. Both are contiguous.
+        Gradients flow to input, residual and weight through both.
+    """
+    if direct_call_allowed():
+        if PRECHECK_ARGUMENTS:
+            _add_rms_norm.check_forward(input, residual, weight, eps, offset)
+        return _add_rms_norm.direct(input, residual, weight, eps, offset, cast_before_weight)
+    if _precheck_routed(input):
+        _add_rms_norm.check_forward(input, residual, weight, eps, offset)
+    output, residual_out, _rstd = _add_rms_norm_op(input, residual, weight, eps, offset, cast_before_weight)
+    return output, residual_out
+
+
+def add_rms_norm_(
+    input: Tensor,
+    residual: Tensor,
+    weight: Optional[Tensor] = None,
+    eps: float = 1e-6,
+    offset: float = 0.0,
+    cast_before_weight: bool = False,
+) -> Tensor:
+    """:func:`add_rms_norm` for inference: adds ``input`` into ``residual`` in place and returns
+    the normalised sum. No gradient: it raises if a tensor requires grad with grad mode on."""
+    if direct_call_allowed():
+        if PRECHECK_ARGUMENTS:
+            _add_rms_norm.check_forward(input, residual, weight, eps, offset, op="add_rms_norm_")
+        return _add_rms_norm.direct_inplace(input, residual, weight, eps, offset, cast_before_weight)
+    if _precheck_routed(input):
+        _add_rms_norm.check_forward(input, residual, weight, eps, offset, op="add_rms_norm_")
+    return _add_rms_norm_inplace_op(input, residual, weight, eps, offset, cast_before_weight)[0]
 
 
 def layer_norm(
@@ -66,6 +145,6 @@ def layer_norm(
         if PRECHECK_ARGUMENTS:
             _layer_norm.check_forward(input, weight, bias, eps)
         return _layer_norm.direct(input, weight, bias, eps)
-    if PRECHECK_ARGUMENTS and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(input.device.type):
+    if _precheck_routed(input):
         _layer_norm.check_forward(input, weight, bias, eps)
     return _layer_norm_op(input, weight, bias, eps)[0]

@@ -9,8 +9,18 @@
 // compiled once for the target.
 #pragma once
 
+//
+// Helpers called from such a function must be inlined into each of its clones to be compiled
+// for that instruction set: a call left out of line runs the baseline build of the helper (GCC
+// declines to inline larger helpers across the target mismatch). Mark them FUSEDOPS_CPU_INLINE.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define FUSEDOPS_CPU_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define FUSEDOPS_CPU_MULTIVERSION
+#endif
+
+#if defined(__GNUC__)
+#define FUSEDOPS_CPU_INLINE inline __attribute__((always_inline))
+#else
+#define FUSEDOPS_CPU_INLINE inline
 #endif

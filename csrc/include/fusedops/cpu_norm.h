@@ -1,8 +1,14 @@
-// The CPU kernels of the row normalisations, generic over centring: rms_norm (kCentered =
-// false) and layer_norm (kCentered = true, with a bias). Rows run in parallel on torch's thread
-// pool; each row is swept a few times (statistics, then the output), every sweep after the
-// first reading the row from cache. The row loops are compiled for several instruction sets and
-// picked at load time (cpu_isa.h). Math in float32 (float64 for float64 input).
+// The CPU kernels of the row normalisations, generic over their features: centring (rms_norm:
+// kCentered = false; layer_norm: true, with a bias), a residual added first (add_rms_norm: the
+// residual type R, NoResidual otherwise), rounding the normalised row before the weight
+// (cast_before_weight), and in the backward the saved tensor being the output
+// (saved_is_output), a gradient reaching residual_out and a residual wider than the output.
+// Every feature is a compile-time parameter of one forward and one backward row loop, so each
+// op's inner loops hold only what it uses; the weight's offset is folded into the weight before
+// the rows run (AffineParams). Rows run in parallel on torch's thread pool; each row is swept a
+// few times (statistics, then the output), every sweep after the first reading the row from
+// cache (add_rms_norm adds in the first sweep, writing residual_out, and reads that back). The row loops are compiled for several instruction sets and picked at
+// load time (cpu_isa.h). Math in float32 (float64 for float64 input).
 //
 // Each op's translation unit instantiates these for itself: everything here has internal
 // linkage, so the multiversioned symbols of two ops never meet at link time.
@@ -11,7 +17,8 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <tuple>
+#include <type_traits>
+#include <vector>
 
 #include <torch/csrc/stable/ops.h>
 
@@ -26,11 +33,34 @@ using fusedops::cpu::acc_t;
 using fusedops::cpu::from_acc;
 using fusedops::cpu::to_acc;
 
+template <typename T>
+constexpr bool kNarrow = std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>;
+
+// The residual type of the norms without one.
+struct NoResidual {};
+
+// Calls f(std::bool_constant<b>{}).
+template <typename F>
+decltype(auto) dispatch_bool(bool b, F&& f) {
+  if (b) return f(std::true_type{});
+  return f(std::false_type{});
+}
+
+// The weight, the residual and add_rms_norm's saved residual_out are in the input's dtype T, or
+// float32 under a 16-bit T (norm.h checks): calls f(TypeTag<float>) or f(TypeTag<T>), never
+// instantiating float32 with a float64 T (nor at all without kMayWiden).
+template <typename T, bool kMayWiden = true, typename F>
+decltype(auto) dispatch_wider(ScalarType t, F&& f) {
+  if constexpr (kNarrow<T> && kMayWiden)
+    if (t == ScalarType::Float) return f(TypeTag<float>{});
+  return f(TypeTag<T>{});
+}
+
 // Rows per parallel task: enough elements that a task outweighs the pool's overhead.
 int64_t grain_rows(int64_t n) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)); }
 
 template <typename T>
-acc_t<T> row_sum(const T* x, int64_t n) {
+FUSEDOPS_CPU_INLINE acc_t<T> row_sum(const T* x, int64_t n) {
   acc_t<T> s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t j = 0; j < n; ++j) s += to_acc(x[j]);
@@ -40,7 +70,7 @@ acc_t<T> row_sum(const T* x, int64_t n) {
 // Sum of (x - mu)^2; two sweeps (mean first) rather than sum and sum of squares together, which
 // loses every digit when |mean| >> std.
 template <typename T>
-acc_t<T> row_sum_sq(const T* x, int64_t n, acc_t<T> mu) {
+FUSEDOPS_CPU_INLINE acc_t<T> row_sum_sq(const T* x, int64_t n, acc_t<T> mu) {
   acc_t<T> s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t j = 0; j < n; ++j) {
@@ -50,35 +80,141 @@ acc_t<T> row_sum_sq(const T* x, int64_t n, acc_t<T> mu) {
   return s;
 }
 
-// The input rows and affine parameters of one problem, typed; the per-row statistics (mean:
-// layer_norm only) are written by the forward and read by the backward.
-template <typename T, typename W, typename Stat>
-struct Args {
-  const T* x = nullptr;
+// h = x + r rounded to R, written to `h` (which may be `r` itself: each element is read before
+// it is written); returns the sum of the rounded h (kSquares: of h^2).
+template <bool kSquares, typename T, typename R>
+FUSEDOPS_CPU_INLINE acc_t<R> add_row(const T* x, const R* r, R* h, int64_t n) {
+  using A = acc_t<R>;
+  A s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < n; ++j) {
+    h[j] = from_acc<R>(A(to_acc(x[j])) + to_acc(r[j]));
+    const A v = to_acc(h[j]);
+    s += kSquares ? v * v : v;
+  }
+  return s;
+}
+
+// The weight and bias as the row loops read them, W*. Without an offset they are the tensors
+// themselves (W = P, their dtype). With one, (offset + weight) and the bias are computed once in
+// the accumulation type A (W = A), so that no row loop sees the offset. With `inverse`, also
+// inv_w = 1 / (offset + weight) and shift = bias * inv_w (1 and 0 without them), by which
+// saved_is_output's backward recovers xhat = y * inv_w - shift without a branch or a division.
+template <typename W, typename P, typename A>
+struct AffineParams {
   const W* w = nullptr;  // null: no weight
   const W* b = nullptr;  // null: no bias
-  Stat* mean = nullptr;
-  Stat* rstd = nullptr;
+  const A* inv_w = nullptr;  // only with `inverse`, then never null
+  const A* shift = nullptr;  // likewise
+  std::vector<A> storage;
+
+  AffineParams(const Problem& p, bool inverse) {
+    const int64_t n = p.n;
+    const P* pw = p.weight ? p.weight->const_data_ptr<P>() : nullptr;
+    const P* pb = p.bias ? p.bias->const_data_ptr<P>() : nullptr;
+    const bool folded = p.offset != 0;
+    storage.resize(n * ((folded && pw ? 1 : 0) + (folded && pb ? 1 : 0) + (inverse ? 2 : 0)));
+    A* next = storage.data();
+    const A off = A(p.offset);
+    if (folded) {
+      if constexpr (std::is_same_v<W, A>) {
+        if (pw) {
+          for (int64_t j = 0; j < n; ++j) next[j] = off + A(to_acc(pw[j]));
+          w = next;
+          next += n;
+        }
+        if (pb) {
+          for (int64_t j = 0; j < n; ++j) next[j] = A(to_acc(pb[j]));
+          b = next;
+          next += n;
+        }
+      } else {
+        fail("fusedops: internal error: an offset weight read as its own dtype");
+      }
+    } else {
+      if constexpr (std::is_same_v<W, P>) {
+        w = pw;
+        b = pb;
+      } else {
+        fail("fusedops: internal error: a weight without offset read as float");
+      }
+    }
+    if (inverse) {
+      A* inv = next;
+      A* sh = next + n;
+      for (int64_t j = 0; j < n; ++j) {
+        inv[j] = pw ? A(1) / (off + A(to_acc(pw[j]))) : A(1);
+        sh[j] = pb ? A(to_acc(pb[j])) * inv[j] : A(0);
+      }
+      inv_w = inv;
+      shift = sh;
+    }
+  }
+  AffineParams(const AffineParams&) = delete;
+  AffineParams& operator=(const AffineParams&) = delete;
 };
 
-// y (and the statistics) of rows [begin, end).
-template <bool kCentered, typename T, typename W>
-FUSEDOPS_CPU_MULTIVERSION void forward_rows(const Problem& p, const Args<T, W, acc_t<T>>& a, T* y, double eps, int64_t begin,
-                                            int64_t end) {
+// Calls f(TypeTag<W>{}, TypeTag<P>{}): P the parameters' dtype, W how the row loops read them.
+template <typename T, typename F>
+decltype(auto) dispatch_params(const Problem& p, F&& f) {
   using A = acc_t<T>;
-  const int64_t n = p.n;
+  return dispatch_wider<T>(p.param_dtype(), [&](auto ptag) {
+    if (p.offset != 0) return f(TypeTag<A>{}, ptag);
+    return f(ptag, ptag);
+  });
+}
+
+// What a forward reads and writes, typed. R is the residual's type (NoResidual: none).
+template <typename T, typename W, typename R>
+struct ForwardArgs {
+  using A = acc_t<T>;
+  int64_t n = 0;
+  const T* x = nullptr;
+  RowLayout x_rows;
+  const R* res = nullptr;  // add_rms_norm: the residual ...
+  RowLayout res_rows;
+  R* h = nullptr;          // ... and residual_out (possibly the residual itself)
+  RowLayout h_rows;
+  const W* w = nullptr;  // null: no weight
+  const W* b = nullptr;  // null: no bias
+  T* y = nullptr;        // contiguous
+  A* mean = nullptr;     // layer_norm only
+  A* rstd = nullptr;
+  A eps = 0;
+};
+
+// y (and the statistics, and for add_rms_norm residual_out) of rows [begin, end):
+//   h = round_R(x + r) (with a residual; the row normalised is then h, else x)
+//   xhat = (x - mean) * rstd, rounded to T when kCast; y = xhat * w + b (w: offset + weight)
+template <bool kCentered, bool kCast, typename T, typename W, typename R>
+FUSEDOPS_CPU_MULTIVERSION void forward_rows(const ForwardArgs<T, W, R>& a, int64_t begin, int64_t end) {
+  using A = acc_t<T>;
+  constexpr bool kAdd = !std::is_same_v<R, NoResidual>;
+  using X = std::conditional_t<kAdd, R, T>;  // the type of the row that is normalised
+  static_assert(std::is_same_v<acc_t<X>, A>);
+  const int64_t n = a.n;
   const W* w = a.w;
   const W* b = a.b;
   for (int64_t r = begin; r < end; ++r) {
-    const T* xr = a.x + p.rows.offset(r);
-    T* yr = y + r * n;
-    const A mu = kCentered ? row_sum(xr, n) / A(n) : A(0);
-    const A rs = A(1) / std::sqrt(row_sum_sq(xr, n, mu) / A(n) + A(eps));
+    const X* xr;
+    A s;  // the first sweep's sum: of x (centred) or of x^2
+    if constexpr (kAdd) {
+      R* hr = a.h + a.h_rows.offset(r);
+      s = add_row<!kCentered>(a.x + a.x_rows.offset(r), a.res + a.res_rows.offset(r), hr, n);
+      xr = hr;
+    } else {
+      xr = a.x + a.x_rows.offset(r);
+      s = kCentered ? row_sum(xr, n) : row_sum_sq(xr, n, A(0));
+    }
+    const A mu = kCentered ? s / A(n) : A(0);
+    const A rs = A(1) / std::sqrt((kCentered ? row_sum_sq(xr, n, mu) : s) / A(n) + a.eps);
     if (kCentered) a.mean[r] = mu;
     a.rstd[r] = rs;
+    T* yr = a.y + r * n;
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) {
       A v = (to_acc(xr[j]) - mu) * rs;
+      if constexpr (kCast) v = to_acc(from_acc<T>(v));
       if (w != nullptr) v *= A(to_acc(w[j]));
       if (b != nullptr) v += A(to_acc(b[j]));
       yr[j] = from_acc<T>(v);
@@ -86,75 +222,159 @@ FUSEDOPS_CPU_MULTIVERSION void forward_rows(const Problem& p, const Args<T, W, a
   }
 }
 
-// The outputs of a forward: y, mean (layer_norm) and rstd.
+// The pointers of a forward that every norm has.
+template <typename T, typename W, typename R, typename P>
+ForwardArgs<T, W, R> forward_args(const Problem& p, const ForwardOutputs& o, const AffineParams<W, P, acc_t<T>>& params) {
+  using A = acc_t<T>;
+  ForwardArgs<T, W, R> a;
+  a.n = p.n;
+  a.x = p.input.const_data_ptr<T>();
+  a.x_rows = p.rows;
+  a.w = params.w;
+  a.b = params.b;
+  a.y = o.out.mutable_data_ptr<T>();
+  if (o.mean) a.mean = o.mean->mutable_data_ptr<A>();
+  a.rstd = o.rstd.mutable_data_ptr<A>();
+  a.eps = A(p.eps);
+  return a;
+}
+
+// The options only the uncentred norms have (layer_norm's schema has none of them): they are
+// not instantiated for kCentered, which keeps layer_norm's compile time and code size down.
 template <bool kCentered>
-std::tuple<Tensor, std::optional<Tensor>, Tensor> forward(const char* op, const Tensor& input,
-                                                          const std::optional<Tensor>& weight,
-                                                          const std::optional<Tensor>& bias, double eps) {
-  const Problem p = forward_problem(op, input, weight, bias, eps);
-  Tensor out = output_like(input), rstd = row_stat(input);
-  std::optional<Tensor> mean;
-  if (kCentered) mean = row_stat(input);
-  if (p.num_rows == 0) return {out, mean, rstd};
-  dispatch_float(input.scalar_type(), op, [&](auto tag) {
+void check_uncentred_options(const Problem& p, bool saved_is_output, bool grad_residual_out, bool wider_x,
+                             const char* op) {
+  if constexpr (kCentered)
+    FUSEDOPS_CHECK(!p.cast_before_weight && !saved_is_output && !grad_residual_out && !wider_x, op,
+                   ": internal error: an rms_norm option reached the centred kernels");
+}
+
+template <bool kCentered, typename T, typename W, typename R>
+void run_forward(const Problem& p, const ForwardArgs<T, W, R>& a) {
+  // Rounding to T before the weight changes nothing when T is the accumulation type.
+  dispatch_bool(kNarrow<T> && !kCentered && p.cast_before_weight, [&](auto cast) {
+    constexpr bool kCast = kNarrow<T> && !kCentered && decltype(cast)::value;
+    torch::stable::parallel_for(0, p.num_rows, grain_rows(p.n), [&](int64_t begin, int64_t end) {
+      forward_rows<kCentered, kCast, T, W, R>(a, begin, end);
+    });
+  });
+}
+
+// rms_norm (kCentered = false) and layer_norm (true): fills o.out, o.rstd and o.mean.
+template <bool kCentered>
+void forward(const Problem& p, const ForwardOutputs& o, const char* op) {
+  if (p.empty()) return;
+  check_uncentred_options<kCentered>(p, false, false, false, op);
+  dispatch_float(p.input.scalar_type(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using A = acc_t<T>;
-    if (p.n == 0) {  // an empty row: mean 0, variance 0
-      std::fill_n(rstd.mutable_data_ptr<A>(), p.num_rows, A(1) / std::sqrt(A(eps)));
-      if (kCentered) std::fill_n(mean->mutable_data_ptr<A>(), p.num_rows, A(0));
-      return;
-    }
-    dispatch_weight<T>(p.param_dtype(), [&](auto wtag) {
+    dispatch_params<T>(p, [&](auto wtag, auto ptag) {
       using W = typename decltype(wtag)::type;
-      Args<T, W, A> a;
-      a.x = p.input.const_data_ptr<T>();
-      if (p.weight) a.w = p.weight->const_data_ptr<W>();
-      if (p.bias) a.b = p.bias->const_data_ptr<W>();
-      if (kCentered) a.mean = mean->mutable_data_ptr<A>();
-      a.rstd = rstd.mutable_data_ptr<A>();
-      T* y = out.mutable_data_ptr<T>();
-      torch::stable::parallel_for(0, p.num_rows, grain_rows(p.n), [&](int64_t begin, int64_t end) {
-        forward_rows<kCentered, T, W>(p, a, y, eps, begin, end);
+      using P = typename decltype(ptag)::type;
+      const AffineParams<W, P, acc_t<T>> params(p, false);
+      run_forward<kCentered>(p, forward_args<T, W, NoResidual>(p, o, params));
+    });
+  });
+}
+
+// add_rms_norm and add_rms_norm_: fills o.out, o.rstd and *o.residual_out.
+inline void add_forward(const AddProblem& p, const ForwardOutputs& o, const char* op) {
+  if (p.empty()) return;
+  dispatch_float(p.input.scalar_type(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dispatch_params<T>(p, [&](auto wtag, auto ptag) {
+      using W = typename decltype(wtag)::type;
+      using P = typename decltype(ptag)::type;
+      const AffineParams<W, P, acc_t<T>> params(p, false);
+      dispatch_wider<T>(p.residual.scalar_type(), [&](auto rtag) {  // R: T, or float32 under 16-bit T
+        using R = typename decltype(rtag)::type;
+        ForwardArgs<T, W, R> a = forward_args<T, W, R>(p, o, params);
+        a.res = p.residual.const_data_ptr<R>();
+        a.res_rows = p.residual_rows;
+        a.h = o.residual_out->mutable_data_ptr<R>();
+        a.h_rows = o.residual_out_rows;
+        run_forward<false>(p, a);
       });
     });
   });
-  return {out, mean, rstd};
 }
 
-// grad_input of rows [begin, end); adds grad_output * xhat into dw_acc and grad_output into
-// db_acc when they are given.
-//   xhat = (x - mean) * rstd, g = grad_output * w
-//   dx = rstd * (g - xhat * mean(g * xhat) - mean(g))     (the last term: layer_norm only)
-template <bool kCentered, typename T, typename W>
-FUSEDOPS_CPU_MULTIVERSION void backward_rows(const BackwardProblem& p, const Args<T, W, const acc_t<T>>& a,
-                                             const T* dy, T* dx,
-                                             acc_t<T>* dw_acc, acc_t<T>* db_acc, int64_t begin, int64_t end) {
+// What a backward reads and writes, typed. T is grad_output's type (and grad_input's), X the
+// saved tensor's: T, or for add_rms_norm the wider residual_out's.
+template <typename T, typename X, typename W>
+struct BackwardArgs {
   using A = acc_t<T>;
-  const int64_t n = p.n;
+  int64_t n = 0;
+  const X* x = nullptr;  // the forward's input (or output, or residual_out)
+  RowLayout x_rows;
+  const T* dy = nullptr;
+  RowLayout dy_rows;
+  const X* dh = nullptr;  // the gradient reaching residual_out, or null
+  RowLayout dh_rows;
+  const W* w = nullptr;      // offset + weight (the bias only enters through `shift`)
+  const A* inv_w = nullptr;  // with saved_is_output: 1 / (offset + weight) ...
+  const A* shift = nullptr;  // ... and bias / (offset + weight)
+  const A* mean = nullptr;
+  const A* rstd = nullptr;
+  T* dx = nullptr;    // contiguous
+  X* dres = nullptr;  // contiguous; only when X is not T
+};
+
+// The normalised element xhat = u * k with k = rstd, or k = 1 with kSavedOutput; see below.
+template <bool kSavedOutput, typename X, typename A>
+FUSEDOPS_CPU_INLINE A unscaled_xhat(const X* xr, const A* inv_w, const A* shift, A mu, int64_t j) {
+  if constexpr (kSavedOutput) {  // x is y = xhat * w + b
+    return to_acc(xr[j]) * inv_w[j] - shift[j];
+  } else {
+    return to_acc(xr[j]) - mu;
+  }
+}
+
+// grad_input (and grad_residual) of rows [begin, end); adds grad_output * xhat into dw_acc and
+// grad_output into db_acc when they are given.
+//   xhat = u * k: u = x - mean, k = rstd; with kSavedOutput u = (y - b) / w, k = 1 (x is y)
+//   g = grad_output * w (w: offset + weight)
+//   dx = rstd * (g - xhat * mean(g * xhat) - mean(g)) (+ grad_residual_out with kGradRes)
+// (the mean(g) term: layer_norm only); written in T, and in X too when that is wider.
+template <bool kCentered, bool kSavedOutput, bool kGradRes, typename T, typename X, typename W>
+FUSEDOPS_CPU_MULTIVERSION void backward_rows(const BackwardArgs<T, X, W>& a, acc_t<T>* dw_acc, acc_t<T>* db_acc,
+                                             int64_t begin, int64_t end) {
+  using A = acc_t<T>;
+  static_assert(std::is_same_v<acc_t<X>, A>);
+  constexpr bool kWide = !std::is_same_v<X, T>;
+  const int64_t n = a.n;
   const W* w = a.w;
+  const A* inv_w = a.inv_w;
+  const A* shift = a.shift;
   for (int64_t r = begin; r < end; ++r) {
-    const T* xr = a.x + p.rows.offset(r);
-    const T* dyr = dy + p.grad_rows.offset(r);
-    T* dxr = dx + r * n;
+    const X* xr = a.x + a.x_rows.offset(r);
+    const T* dyr = a.dy + a.dy_rows.offset(r);
+    const X* dhr = kGradRes ? a.dh + a.dh_rows.offset(r) : nullptr;
+    T* dxr = a.dx + r * n;
+    X* dresr = kWide ? a.dres + r * n : nullptr;
     const A rs = a.rstd[r];
-    const A mu = kCentered ? a.mean[r] : A(0);
-    A sum_gx = 0, sum_g = 0;
-#pragma omp simd reduction(+ : sum_gx, sum_g)
+    const A mu = kCentered && !kSavedOutput ? a.mean[r] : A(0);
+    A sum_gu = 0, sum_g = 0;
+#pragma omp simd reduction(+ : sum_gu, sum_g)
     for (int64_t j = 0; j < n; ++j) {
       const A g = w != nullptr ? to_acc(dyr[j]) * A(to_acc(w[j])) : to_acc(dyr[j]);
-      sum_gx += g * (to_acc(xr[j]) - mu);
+      sum_gu += g * unscaled_xhat<kSavedOutput>(xr, inv_w, shift, mu, j);
       if (kCentered) sum_g += g;
     }
-    const A c1 = rs * sum_gx / A(n) * rs;  // mean(g * xhat) * rstd, applied to (x - mu)
+    const A k = kSavedOutput ? A(1) : rs;
+    const A c1 = k * sum_gu / A(n) * k;  // mean(g * xhat) * k, applied to u
     const A c0 = kCentered ? sum_g / A(n) : A(0);
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) {
       const A g = w != nullptr ? to_acc(dyr[j]) * A(to_acc(w[j])) : to_acc(dyr[j]);
-      dxr[j] = from_acc<T>(rs * (g - c0 - c1 * (to_acc(xr[j]) - mu)));
+      A d = rs * (g - c0 - c1 * unscaled_xhat<kSavedOutput>(xr, inv_w, shift, mu, j));
+      if constexpr (kGradRes) d += to_acc(dhr[j]);
+      dxr[j] = from_acc<T>(d);
+      if constexpr (kWide) dresr[j] = from_acc<X>(d);
     }
     if (dw_acc != nullptr) {
 #pragma omp simd
-      for (int64_t j = 0; j < n; ++j) dw_acc[j] += to_acc(dyr[j]) * ((to_acc(xr[j]) - mu) * rs);
+      for (int64_t j = 0; j < n; ++j)
+        dw_acc[j] += to_acc(dyr[j]) * (unscaled_xhat<kSavedOutput>(xr, inv_w, shift, mu, j) * k);
     }
     if (db_acc != nullptr) {
 #pragma omp simd
@@ -174,57 +394,97 @@ FUSEDOPS_CPU_MULTIVERSION void sum_partials(const A* partial, int64_t chunks, in
   }
 }
 
-// grad_input, grad_weight and grad_bias (empty when not wanted).
-template <bool kCentered>
-std::tuple<Tensor, Tensor, Tensor> backward(const BackwardProblem& p, const char* op) {
-  Tensor grad_input = output_like(p.input);
-  Tensor grad_weight = param_grad(p, p.weight, p.want_grad_weight);
-  Tensor grad_bias = param_grad(p, p.bias, p.want_grad_bias);
-  if (p.empty()) return {grad_input, grad_weight, grad_bias};
+// P: the parameters' dtype (and their gradients'); W: how the row loops read them.
+template <bool kCentered, bool kSavedOutput, bool kGradRes, typename T, typename X, typename W, typename P>
+void run_backward(const BackwardProblem& p, const BackwardOutputs& o) {
+  using A = acc_t<T>;
+  const AffineParams<W, P, A> params(p, kSavedOutput);
+  BackwardArgs<T, X, W> a;
+  a.n = p.n;
+  a.x = p.input.const_data_ptr<X>();
+  a.x_rows = p.rows;
+  a.dy = p.grad_output.const_data_ptr<T>();
+  a.dy_rows = p.grad_rows;
+  if constexpr (kGradRes) {
+    a.dh = p.grad_residual_out->const_data_ptr<X>();
+    a.dh_rows = p.grad_residual_rows;
+  }
+  a.w = params.w;
+  a.inv_w = params.inv_w;
+  a.shift = params.shift;
+  if (kCentered) a.mean = p.mean->const_data_ptr<A>();
+  a.rstd = p.rstd.const_data_ptr<A>();
+  a.dx = o.grad_input.mutable_data_ptr<T>();
+  if constexpr (!std::is_same_v<X, T>) a.dres = o.grad_residual->mutable_data_ptr<X>();
+
   const int64_t n = p.n, rows = p.num_rows;
   const bool want_dw = p.want_grad_weight, want_db = p.want_grad_bias;
+  if (!want_dw && !want_db) {
+    torch::stable::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
+      backward_rows<kCentered, kSavedOutput, kGradRes>(a, nullptr, nullptr, begin, end);
+    });
+    return;
+  }
   // Deterministic parameter gradients: a fixed split of the rows into `chunks` (independent of
   // the thread count), one partial sum per chunk, then the partials added in chunk order. At
   // most 64 chunks and about 16 MiB of partial sums.
   const int64_t chunks = std::clamp<int64_t>(std::min<int64_t>(64, (int64_t(1) << 22) / n), 1, rows);
-  dispatch_float(p.input.scalar_type(), op, [&](auto tag) {
+  const int64_t num_params = int64_t(want_dw) + int64_t(want_db);
+  Tensor partial = empty_like_device(p.input, {num_params, chunks, n}, acc_dtype(p.grad_output.scalar_type()));
+  A* dw_part = want_dw ? partial.mutable_data_ptr<A>() : nullptr;
+  A* db_part = want_db ? partial.mutable_data_ptr<A>() + (want_dw ? chunks * n : 0) : nullptr;
+  torch::stable::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      A* dw_acc = want_dw ? dw_part + c * n : nullptr;
+      A* db_acc = want_db ? db_part + c * n : nullptr;
+      if (dw_acc) std::fill(dw_acc, dw_acc + n, A(0));
+      if (db_acc) std::fill(db_acc, db_acc + n, A(0));
+      backward_rows<kCentered, kSavedOutput, kGradRes>(a, dw_acc, db_acc, rows * c / chunks,
+                                                       rows * (c + 1) / chunks);
+    }
+  });
+  P* dw = want_dw ? o.grad_weight.mutable_data_ptr<P>() : nullptr;
+  P* db = want_db ? o.grad_bias.mutable_data_ptr<P>() : nullptr;
+  torch::stable::parallel_for(0, n, 4096, [&](int64_t jb, int64_t je) {
+    if (dw) sum_partials<A, P>(dw_part, chunks, n, dw, jb, je);
+    if (db) sum_partials<A, P>(db_part, chunks, n, db, jb, je);
+  });
+}
+
+// rms_norm_backward and add_rms_norm_backward (kCentered = false), layer_norm_backward (true):
+// fills o.grad_input, o.grad_residual (when present) and the wanted parameter gradients.
+template <bool kCentered>
+void backward(const BackwardProblem& p, const BackwardOutputs& o, const char* op) {
+  if (p.empty()) return;
+  check_uncentred_options<kCentered>(p, p.saved_is_output, p.grad_residual_out.has_value(),
+                                     p.input.scalar_type() != p.grad_output.scalar_type(), op);
+  dispatch_float(p.grad_output.scalar_type(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using A = acc_t<T>;
-    dispatch_weight<T>(p.param_dtype(), [&](auto wtag) {
+    dispatch_params<T>(p, [&](auto wtag, auto ptag) {
       using W = typename decltype(wtag)::type;
-      Args<T, W, const A> a;
-      a.x = p.input.const_data_ptr<T>();
-      if (p.weight) a.w = p.weight->const_data_ptr<W>();
-      if (kCentered) a.mean = p.mean->const_data_ptr<A>();
-      a.rstd = p.rstd.const_data_ptr<A>();
-      const T* dy = p.grad_output.const_data_ptr<T>();
-      T* dx = grad_input.mutable_data_ptr<T>();
-      if (!want_dw && !want_db) {
-        torch::stable::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
-          backward_rows<kCentered, T, W>(p, a, dy, dx, nullptr, nullptr, begin, end);
-        });
-        return;
-      }
-      const int64_t params = int64_t(want_dw) + int64_t(want_db);
-      Tensor partial = empty_like_device(p.input, {params, chunks, n}, acc_dtype(p.input.scalar_type()));
-      A* dw_part = want_dw ? partial.mutable_data_ptr<A>() : nullptr;
-      A* db_part = want_db ? partial.mutable_data_ptr<A>() + (want_dw ? chunks * n : 0) : nullptr;
-      torch::stable::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
-        for (int64_t c = cb; c < ce; ++c) {
-          A* dw_acc = want_dw ? dw_part + c * n : nullptr;
-          A* db_acc = want_db ? db_part + c * n : nullptr;
-          if (dw_acc) std::fill(dw_acc, dw_acc + n, A(0));
-          if (db_acc) std::fill(db_acc, db_acc + n, A(0));
-          backward_rows<kCentered, T, W>(p, a, dy, dx, dw_acc, db_acc, rows * c / chunks, rows * (c + 1) / chunks);
+      using P = typename decltype(ptag)::type;
+      // X: T, or float32 under 16-bit T (add_rms_norm's residual_out)
+      dispatch_wider<T, !kCentered>(p.input.scalar_type(), [&](auto xtag) {
+        using X = typename decltype(xtag)::type;
+        if constexpr (!kCentered) {
+          if (p.saved_is_output) {
+            // Only rms_norm's backward saves the output, never with a wider X or grad_residual_out.
+            if constexpr (std::is_same_v<X, T>)
+              if (!p.grad_residual_out) return run_backward<kCentered, true, false, T, X, W, P>(p, o);
+            fail(op, ": internal error: saved_is_output with a residual");
+          }
+          if (p.grad_residual_out) return run_backward<kCentered, false, true, T, X, W, P>(p, o);
         }
-      });
-      torch::stable::parallel_for(0, n, 4096, [&](int64_t jb, int64_t je) {
-        if (want_dw) sum_partials<A, W>(dw_part, chunks, n, grad_weight.mutable_data_ptr<W>(), jb, je);
-        if (want_db) sum_partials<A, W>(db_part, chunks, n, grad_bias.mutable_data_ptr<W>(), jb, je);
+        run_backward<kCentered, false, false, T, X, W, P>(p, o);
       });
     });
   });
-  return {grad_input, grad_weight, grad_bias};
+}
+
+// The backward of add_rms_norm: rms_norm's row loop with the residual's extras (the CUDA
+// kernels have separate add kernels; here one loop serves both).
+inline void add_backward(const BackwardProblem& p, const BackwardOutputs& o, const char* op) {
+  backward<false>(p, o, op);
 }
 
 }  // namespace

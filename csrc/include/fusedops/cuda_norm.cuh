@@ -1,5 +1,11 @@
-// The CUDA kernels of the row normalisations, generic over centring: rms_norm (kCentered =
-// false) and layer_norm (kCentered = true, with a bias).
+// The CUDA kernels of the row normalisations, generic over centring (rms_norm, kCentered =
+// false; layer_norm, true, with a bias) and over a Variant of the uncentred norms: rms_norm's
+// options (offset + weight, cast_before_weight, and the backward from the saved output) and
+// add_rms_norm, whose forward first adds a residual (dtype R: T, or float32 under 16-bit T) and
+// whose backward adds the gradient reaching residual_out and may write a wider grad_residual.
+// norm.h states what every op computes. The offset and the cast flag are runtime values
+// uniform over a launch; a variant compiles only the code it needs, so rms_norm and layer_norm
+// with their defaults run the same kernels as before the options existed.
 //
 // Forward: a group of TPR threads per row (256 / TPR rows per block). Each thread loads its
 // VPT 16-byte vectors of the row into registers at once, the group reduces the statistics
@@ -7,16 +13,25 @@
 // same registers are normalised and stored: one read of x, one write of y. TPR and VPT are
 // compile-time constants picked from the row width so that each thread keeps about two vectors
 // in flight; with every block resident that is what it takes to reach the copy bandwidth.
+// add_rms_norm's vectors are VEC = 16 / sizeof(T) elements, so a float32 residual is two 16-byte
+// pieces; the thread rounds x + residual to R, writes it to residual_out and keeps the rounded
+// values (packed, for 16-bit R) as its cached row: one read of x and of the residual, one write
+// of y and of residual_out. In place, residual_out is the residual: each thread reads its
+// elements before it writes them.
 // Rows wider than 8 vectors x 256 threads (16384 bf16), and inputs that are not 16-byte
 // aligned, take a sweeping kernel of the same math that reads the row again for each statistic
-// (mostly from L2).
+// (mostly from L2); add_rms_norm's sweep writes residual_out on the first pass and reads it
+// back after (each thread only the elements it wrote).
 //
 // Backward: a persistent grid of one wave of resident blocks; each row slot walks a fixed set
 // of rows with four vectors per thread in flight (x and grad_output), writes grad_input, and
 // keeps its parameter-gradient partials in registers. A block adds its slots' partials in a
 // fixed order and writes one row of a (blocks, n) buffer per parameter, which a second kernel
 // sums over the blocks, again in a fixed order: the parameter gradients are bitwise
-// reproducible, with no atomics.
+// reproducible, with no atomics. The backward from the saved output y takes the row sum
+// sum(g * xhat) as sum(dy * y) (the weight cancels) and recovers xhat = y / (offset + w) with a
+// reciprocal where it writes grad_input. add_rms_norm's backward reads grad_residual_out where
+// it writes grad_input, and writes grad_residual from the same registers.
 //
 // Everything here has internal linkage: each op's translation unit instantiates what it uses.
 #pragma once
@@ -24,9 +39,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <initializer_list>
 #include <optional>
-#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include <torch/csrc/stable/ops.h>
 
@@ -43,180 +59,384 @@ constexpr int kMaxVecsPerThread = 8;   // wider rows are swept
 constexpr int kSweepThreads = 1024;    // threads per row of the sweeping kernels
 constexpr int kForwardVecs = 2;        // vectors per thread the forward aims at
 // and the backward (of x and of grad_output: twice as many loads in flight). layer_norm keeps
-// a second register partial (the bias gradient's) and its mean: at four vectors a thread would
-// need more than the 128 registers that two resident blocks per SM allow.
-constexpr int backward_vecs(bool centered) { return centered ? 2 : 4; }
+// a second register partial (the bias gradient's) and its mean, and add_rms_norm with 16-bit T
+// (8 values a vector) loads grad_residual_out too, from a residual_out that may be float32: at
+// four vectors a thread would need more than the 128 registers that two resident blocks per SM
+// allow.
+constexpr int backward_vecs(bool centered, bool more_registers = false) { return centered || more_registers ? 2 : 4; }
+
+// What one kernel instance of an uncentred norm computes beyond rms_norm with its defaults
+// (kPlain; layer_norm is always kPlain): kOptions reads offset and cast_before_weight at run
+// time; kFromOutput is rms_norm's saved_is_output backward (with the offset); kAdd is
+// add_rms_norm (with the options), whose forward adds a residual of type R and whose backward
+// adds grad_residual_out and, for R wider than T, writes grad_residual too. Each variant
+// compiles only its own code, so the kernels rms_norm and layer_norm always ran stay as they
+// were.
+enum class Variant { kPlain, kOptions, kFromOutput, kAdd };
+
+// One kernel configuration. T: the input's (grad_output's) type, W: the parameters' (T, or
+// float32 under 16-bit T), R: add_rms_norm's residual's (T, or float32 under 16-bit T).
+template <bool kCentered, Variant kVariant, typename TT, typename WW, typename RR = TT>
+struct Config {
+  static_assert(!kCentered || kVariant == Variant::kPlain, "layer_norm has no options");
+  static_assert(kVariant == Variant::kAdd || std::is_same_v<TT, RR>, "only add_rms_norm has a residual type");
+  static constexpr bool centered = kCentered;
+  static constexpr bool options = kVariant != Variant::kPlain;  // offset (and cast_before_weight) at run time
+  static constexpr bool from_output = kVariant == Variant::kFromOutput;
+  static constexpr bool add = kVariant == Variant::kAdd;
+  static constexpr bool wide_residual = !std::is_same_v<TT, RR>;
+  using T = TT;
+  using W = WW;
+  using R = RR;
+  using A = acc_t<TT>;
+};
 
 __device__ __forceinline__ float rsqrt_acc(float v) { return rsqrtf(v); }
 __device__ __forceinline__ double rsqrt_acc(double v) { return rsqrt(v); }
 
-// The pointers of one forward.
-template <typename T, typename W>
+// 1 / v without the IEEE division's slow-path call (which costs the backward registers): the
+// hardware approximation, within 1 ulp for float; for double, refined by two Newton steps from
+// its ~20 good bits.
+__device__ __forceinline__ float rcp_acc(float v) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+__device__ __forceinline__ double rcp_acc(double v) {
+  double r;
+  asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(v));
+#pragma unroll
+  for (int i = 0; i < 2; ++i) r = fma(r, fma(-v, r, 1.0), r);
+  return r;
+}
+
+// The factor a weight value scales by: offset + w with the options, else w.
+template <typename C>
+__device__ __forceinline__ typename C::A weight_scale(typename C::A w, typename C::A offset) {
+  if constexpr (C::options) return offset + w;
+  else return w;
+}
+
+// The pointers and runtime options of one forward.
+template <typename C>
 struct ForwardArgs {
+  using T = typename C::T;
+  using W = typename C::W;
+  using R = typename C::R;
+  using A = typename C::A;
   const T* __restrict__ x;
   const W* __restrict__ w;  // null: no weight
-  const W* __restrict__ b;  // null: no bias
+  const W* __restrict__ b;  // null: no bias (layer_norm only)
   T* __restrict__ y;
-  acc_t<T>* __restrict__ mean;  // layer_norm only
-  acc_t<T>* __restrict__ rstd;
+  A* __restrict__ mean;  // layer_norm only
+  A* __restrict__ rstd;
+  const R* r;  // add_rms_norm: the residual and residual_out (the same memory in place)
+  R* h;
+  A offset;                 // the options: the weight scales as offset + w
+  bool cast_before_weight;  // the options: xhat is rounded to T before the weight
 };
 
-// Normalises VEC values of a row and stores them: (x - mu) * rs * w + b.
-template <typename T, typename W, int VEC>
-__device__ __forceinline__ void normalize_store(T* out, const Vec<T, VEC>& xv, const W* w, const W* b, int64_t col,
-                                                acc_t<T> mu, acc_t<T> rs) {
-  using A = acc_t<T>;
+// The rows of add_rms_norm's residual and residual_out (nothing for the other norms).
+template <bool kAdd>
+struct ResidualRows {};
+template <>
+struct ResidualRows<true> {
+  RowLayout r, h;
+};
+
+// add_rms_norm's row values: x + r rounded to R.
+template <typename C, int VEC>
+__device__ __forceinline__ Held<typename C::R, VEC> add_rounded(const Vec<typename C::T, VEC>& xv,
+                                                                const Vec<typename C::R, VEC>& rv) {
+  typename C::A s[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) s[k] = to_acc(xv.v[k]) + to_acc(rv.v[k]);
+  return round_held<typename C::R, VEC>(s);
+}
+
+// Normalises VEC values of a row (the cached x, or add_rms_norm's h) and stores them:
+// (x - mu) * rs * w + b for layer_norm; x * rs (rounded to T with cast_before_weight) *
+// (offset + w) for the uncentred norms.
+template <typename C, int VEC, typename V>
+__device__ __forceinline__ void normalize_store(const ForwardArgs<C>& a, typename C::T* out, const V& xv, int64_t col,
+                                                typename C::A mu, typename C::A rs) {
+  using T = typename C::T;
+  using W = typename C::W;
+  using A = typename C::A;
   A y[VEC];
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) y[k] = (to_acc(xv.v[k]) - mu) * rs;
-  if (w != nullptr) {
-    const Vec<W, VEC> wv = load_vec_ldg<W, VEC>(w + col);
+  for (int k = 0; k < VEC; ++k) y[k] = (acc_at(xv, k) - mu) * rs;
+  if constexpr (C::options && sizeof(T) < sizeof(A)) {  // rounding to a T as wide as A changes nothing
+    if (a.cast_before_weight) {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) y[k] *= A(to_acc(wv.v[k]));
+      for (int k = 0; k < VEC; ++k) y[k] = to_acc(from_acc<T>(y[k]));
+    }
   }
-  if (b != nullptr) {
-    const Vec<W, VEC> bv = load_vec_ldg<W, VEC>(b + col);
+  if (a.w != nullptr) {
+    const Vec<W, VEC> wv = load_vec_ldg<W, VEC>(a.w + col);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) y[k] *= weight_scale<C>(A(to_acc(wv.v[k])), a.offset);
+  }
+  if (a.b != nullptr) {
+    const Vec<W, VEC> bv = load_vec_ldg<W, VEC>(a.b + col);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) y[k] += A(to_acc(bv.v[k]));
   }
   store_from_acc<T, VEC>(out + col, y);
 }
 
-template <typename T, int VEC>
-__device__ __forceinline__ acc_t<T> vec_sum(const Vec<T, VEC>& v, acc_t<T> mu, bool squared) {
-  acc_t<T> s = 0;
+template <typename A, int VEC, typename V>
+__device__ __forceinline__ A vec_sum(const V& v, A mu, bool squared) {
+  A s = 0;
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
-    const acc_t<T> d = to_acc(v.v[k]) - mu;
+    const A d = acc_at(v, k) - mu;
     s += squared ? d * d : d;
   }
   return s;
 }
 
 // TPR threads per row, VPT vectors of VEC elements per thread, kBlock / TPR rows per block.
-template <bool kCentered, typename T, typename W, int VEC, int TPR, int VPT>
+template <typename C, int VEC, int TPR, int VPT>
 __global__ void __launch_bounds__(kBlock)
-    forward_kernel(ForwardArgs<T, W> a, RowLayout rows, int64_t num_rows, int n, acc_t<T> eps) {
-  using A = acc_t<T>;
+    forward_kernel(ForwardArgs<C> a, RowLayout rows, ResidualRows<C::add> res_rows, int64_t num_rows, int n,
+                   typename C::A eps) {
+  using T = typename C::T;
+  using R = typename C::R;
+  using A = typename C::A;
   __shared__ A scratch[2][kBlock / 32];
   const int lane = threadIdx.x % TPR;
   const int64_t row = int64_t(blockIdx.x) * (kBlock / TPR) + threadIdx.x / TPR;
   const bool active = row < num_rows;
   const T* xr = a.x + (active ? rows.offset(row) : 0);
-  Vec<T, VEC> xv[VPT];
+  // The cached row: x, or add_rms_norm's x + r rounded to R (once written to residual_out).
+  std::conditional_t<C::add, Held<R, VEC>, Vec<T, VEC>> xv[VPT];
+  if constexpr (C::add) {
+    const R* rr = a.r + (active ? res_rows.r.offset(row) : 0);
+    R* hr = a.h + (active ? res_rows.h.offset(row) : 0);
+    Vec<T, VEC> xin[VPT];
+    Vec<R, VEC> rin[VPT];
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int col = (i * TPR + lane) * VEC;
-    if (active && col < n) xv[i] = load_vec<T, VEC>(xr + col);
+    for (int i = 0; i < VPT; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (active && col < n) {
+        xin[i] = load_vec<T, VEC>(xr + col);
+        rin[i] = load_vec<R, VEC>(rr + col);
+      }
+    }
+    // Every load is issued before the first store: in place, hr is rr.
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (active && col < n) {
+        xv[i] = add_rounded<C>(xin[i], rin[i]);
+        store_held<R, VEC>(hr + col, xv[i]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (active && col < n) xv[i] = load_vec<T, VEC>(xr + col);
+    }
   }
   A mu = 0;
-  if constexpr (kCentered) {
+  if constexpr (C::centered) {
     A s = 0;
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
-      if (active && (i * TPR + lane) * VEC < n) s += vec_sum<T, VEC>(xv[i], A(0), false);
+      if (active && (i * TPR + lane) * VEC < n) s += vec_sum<A, VEC>(xv[i], A(0), false);
     mu = group_sum<TPR>(s, scratch[1]) / A(n);
   }
   A ss = 0;
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
-    if (active && (i * TPR + lane) * VEC < n) ss += vec_sum<T, VEC>(xv[i], mu, true);
+    if (active && (i * TPR + lane) * VEC < n) ss += vec_sum<A, VEC>(xv[i], mu, true);
   const A rs = rsqrt_acc(group_sum<TPR>(ss, scratch[0]) / A(n) + eps);
   if (!active) return;  // only after the block's barriers
   if (lane == 0) {
     a.rstd[row] = rs;
-    if constexpr (kCentered) a.mean[row] = mu;
+    if constexpr (C::centered) a.mean[row] = mu;
   }
   T* yr = a.y + row * n;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int col = (i * TPR + lane) * VEC;
-    if (col < n) normalize_store<T, W, VEC>(yr, xv[i], a.w, a.b, col, mu, rs);
+    if (col < n) normalize_store<C, VEC>(a, yr, xv[i], col, mu, rs);
   }
 }
 
 // Rows too wide to cache, or unaligned: blockDim.x threads per row, blockDim.y rows per block;
-// the row is read once per statistic and once more to normalise.
-template <bool kCentered, typename T, typename W, int VEC>
+// the row is read once per statistic and once more to normalise. add_rms_norm computes its row
+// values on the first pass, writes them to residual_out, and reads them back from there (each
+// thread only the elements it wrote itself).
+template <typename C, int VEC>
 __global__ void __launch_bounds__(kSweepThreads)
-    forward_sweep_kernel(ForwardArgs<T, W> a, RowLayout rows, int64_t num_rows, int64_t n, acc_t<T> eps) {
-  using A = acc_t<T>;
+    forward_sweep_kernel(ForwardArgs<C> a, RowLayout rows, ResidualRows<C::add> res_rows, int64_t num_rows,
+                         int64_t n, typename C::A eps) {
+  using T = typename C::T;
+  using R = typename C::R;
+  using A = typename C::A;
   __shared__ A scratch[32 * 8];
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool active = row < num_rows;
   const T* xr = a.x + (active ? rows.offset(row) : 0);
+  const R* rr = nullptr;
+  R* hr = nullptr;
+  if constexpr (C::add) {
+    rr = a.r + (active ? res_rows.r.offset(row) : 0);
+    hr = a.h + (active ? res_rows.h.offset(row) : 0);
+  }
+  // The row values after the first pass.
+  const auto values = [&](int64_t col) {
+    if constexpr (C::add) return load_vec<R, VEC>(hr + col);
+    else return load_vec<T, VEC>(xr + col);
+  };
   const int64_t step = int64_t(blockDim.x) * VEC;
   A mu = 0;
-  if constexpr (kCentered) {
+  if constexpr (C::centered) {
     A s = 0;
     if (active)
-      for (int64_t col = threadIdx.x * VEC; col < n; col += step) s += vec_sum<T, VEC>(load_vec<T, VEC>(xr + col), A(0), false);
+      for (int64_t col = threadIdx.x * VEC; col < n; col += step) s += vec_sum<A, VEC>(values(col), A(0), false);
     mu = row_sum(s, scratch) / A(n);
   }
   A ss = 0;
-  if (active)
-    for (int64_t col = threadIdx.x * VEC; col < n; col += step) ss += vec_sum<T, VEC>(load_vec<T, VEC>(xr + col), mu, true);
+  if (active) {
+    for (int64_t col = threadIdx.x * VEC; col < n; col += step) {
+      if constexpr (C::add) {
+        const Held<R, VEC> hv = add_rounded<C>(load_vec<T, VEC>(xr + col), load_vec<R, VEC>(rr + col));
+        store_held<R, VEC>(hr + col, hv);
+        ss += vec_sum<A, VEC>(hv, mu, true);
+      } else {
+        ss += vec_sum<A, VEC>(values(col), mu, true);
+      }
+    }
+  }
   const A rs = rsqrt_acc(row_sum(ss, scratch) / A(n) + eps);
   if (!active) return;
   if (threadIdx.x == 0) {
     a.rstd[row] = rs;
-    if constexpr (kCentered) a.mean[row] = mu;
+    if constexpr (C::centered) a.mean[row] = mu;
   }
   T* yr = a.y + row * n;
-  for (int64_t col = threadIdx.x * VEC; col < n; col += step)
-    normalize_store<T, W, VEC>(yr, load_vec<T, VEC>(xr + col), a.w, a.b, col, mu, rs);
+  for (int64_t col = threadIdx.x * VEC; col < n; col += step) normalize_store<C, VEC>(a, yr, values(col), col, mu, rs);
 }
 
-// The pointers of one backward. Partials: null when that gradient is not wanted, else one row
-// of n per block (per row slot for the sweeping kernel).
-template <typename T, typename W>
+// The pointers and runtime options of one backward. Partials: null when that gradient is not
+// wanted, else one row of n per block (per row slot for the sweeping kernel).
+template <typename C>
 struct BackwardArgs {
+  using T = typename C::T;
+  using W = typename C::W;
+  using R = typename C::R;
+  using A = typename C::A;
   const T* __restrict__ dy;
-  const T* __restrict__ x;
+  const R* __restrict__ x;  // what the forward saved: x, y (saved_is_output) or residual_out (add_rms_norm)
   const W* __restrict__ w;
-  const acc_t<T>* __restrict__ mean;  // layer_norm only
-  const acc_t<T>* __restrict__ rstd;
+  const A* __restrict__ mean;  // layer_norm only
+  const A* __restrict__ rstd;
   T* __restrict__ dx;
-  acc_t<T>* __restrict__ dw_partial;
-  acc_t<T>* __restrict__ db_partial;
+  A* __restrict__ dw_partial;
+  A* __restrict__ db_partial;
+  const R* __restrict__ dh;  // add_rms_norm: grad_residual_out, or null
+  R* __restrict__ dr;        // add_rms_norm with R wider than T: grad_residual
+  A offset;                  // the options: the weight scales as offset + w
+};
+
+// The rows of add_rms_norm's grad_residual_out (nothing for the other norms).
+template <bool kAdd>
+struct GradResidualRows {};
+template <>
+struct GradResidualRows<true> {
+  RowLayout dh;
 };
 
 // The row sums the backward needs from VEC values: sum(g * (x - mu)) and, with K = 2 (centred),
-// sum(g); g = dy * w.
-template <typename T, typename W, int VEC, int K>
-__device__ __forceinline__ void add_row_sums(acc_t<T> (&sums)[K], const Vec<T, VEC>& xv, const Vec<T, VEC>& gv,
-                                             const W* w, int64_t col, acc_t<T> mu) {
-  using A = acc_t<T>;
-  Vec<W, VEC> wv;
-  if (w != nullptr) wv = load_vec_ldg<W, VEC>(w + col);
+// sum(g); g = dy * scale(w). From the output the weight is left out: sum(dy * y), which is
+// sum(g * xhat).
+template <typename C, int VEC, int K, typename V>
+__device__ __forceinline__ void add_row_sums(typename C::A (&sums)[K], const V& xv, const Vec<typename C::T, VEC>& gv,
+                                             const typename C::W* w, int64_t col, typename C::A mu,
+                                             typename C::A offset) {
+  using A = typename C::A;
+  if constexpr (C::from_output) w = nullptr;
+  Vec<typename C::W, VEC> wv;
+  if (w != nullptr) wv = load_vec_ldg<typename C::W, VEC>(w + col);
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
-    const A g = w != nullptr ? to_acc(gv.v[k]) * A(to_acc(wv.v[k])) : to_acc(gv.v[k]);
-    sums[0] += g * (to_acc(xv.v[k]) - mu);
+    const A g = w != nullptr ? to_acc(gv.v[k]) * weight_scale<C>(A(to_acc(wv.v[k])), offset) : to_acc(gv.v[k]);
+    sums[0] += g * (acc_at(xv, k) - mu);
     if constexpr (K > 1) sums[1] += g;
   }
 }
 
-// VEC values of grad_input: rs * (g - c0 - c1 * (x - mu)); adds dy * xhat into dwp and, with
-// kBias, dy into dbp. The partials are always accumulated (a few FMAs) rather than behind a
-// runtime pointer test, which would push the register arrays they live in to local memory.
-template <bool kBias, typename T, typename W, int VEC>
-__device__ __forceinline__ void grad_input_store(T* dxr, const Vec<T, VEC>& xv, const Vec<T, VEC>& gv, const W* w,
-                                                 int64_t col, acc_t<T> mu, acc_t<T> rs, acc_t<T> c0, acc_t<T> c1,
-                                                 acc_t<T> (&dwp)[VEC], acc_t<T> (&dbp)[VEC]) {
-  using A = acc_t<T>;
+// What grad_input_store needs of its row: grad_input = rs * (g - c0 - c1 * xq) (+ dh), where
+// xq = x - mu, or y / scale(w) from the output, and xhat = xq * xs.
+template <typename C>
+struct RowGrad {
+  using T = typename C::T;
+  using R = typename C::R;
+  using A = typename C::A;
+  T* dx;
+  R* dr;        // add_rms_norm with a wider R: grad_residual's row
+  const R* dh;  // add_rms_norm: grad_residual_out's row, or null
+  A mu, rs, c0, c1, xs;
+};
+
+// The row's coefficients from its reduced sums.
+template <typename C, int K>
+__device__ __forceinline__ RowGrad<C> row_grad(const BackwardArgs<C>& a, const GradResidualRows<C::add>& dh_rows,
+                                               int64_t row, int64_t n, const typename C::A (&sums)[K],
+                                               typename C::A mu, typename C::A inv_n) {
+  using A = typename C::A;
+  RowGrad<C> g;
+  g.dx = a.dx + row * n;
+  g.dr = nullptr;
+  g.dh = nullptr;
+  if constexpr (C::add) {
+    if constexpr (C::wide_residual) g.dr = a.dr + row * n;
+    if (a.dh != nullptr) g.dh = a.dh + dh_rows.dh.offset(row);
+  }
+  g.mu = mu;
+  g.rs = a.rstd[row];
+  g.xs = C::from_output ? A(1) : g.rs;  // sum(g * xhat) = sum(dy * y), or rs * sum(g * (x - mu))
+  g.c1 = sums[0] * inv_n * g.xs * g.xs;
+  g.c0 = C::centered ? sums[K - 1] * inv_n : A(0);
+  return g;
+}
+
+// VEC values of grad_input at `col`, written to grad_input and (a wider R) grad_residual. Adds
+// dy * xhat into dwp and, for layer_norm, dy into dbp. The partials are always accumulated (a
+// few FMAs) rather than behind a runtime pointer test, which would push the register arrays
+// they live in to local memory.
+template <typename C, int VEC, typename V>
+__device__ __forceinline__ void grad_input_store(const RowGrad<C>& r, const V& xv, const Vec<typename C::T, VEC>& gv,
+                                                 const typename C::W* w, int64_t col, typename C::A offset,
+                                                 typename C::A (&dwp)[VEC], typename C::A (&dbp)[VEC]) {
+  using T = typename C::T;
+  using R = typename C::R;
+  using A = typename C::A;
   A dxv[VEC];
-  Vec<W, VEC> wv;
-  if (w != nullptr) wv = load_vec_ldg<W, VEC>(w + col);
+  Vec<typename C::W, VEC> wv;
+  if (w != nullptr) wv = load_vec_ldg<typename C::W, VEC>(w + col);
+  Vec<R, VEC> dhv;
+  if constexpr (C::add)
+    if (r.dh != nullptr) dhv = load_vec<R, VEC>(r.dh + col);
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
-    const A xc = to_acc(xv.v[k]) - mu, dyk = to_acc(gv.v[k]);
-    const A g = w != nullptr ? dyk * A(to_acc(wv.v[k])) : dyk;
-    dxv[k] = rs * (g - c0 - c1 * xc);
-    dwp[k] += dyk * (xc * rs);
-    if constexpr (kBias) dbp[k] += dyk;
+    A xq = acc_at(xv, k) - r.mu;
+    const A dyk = to_acc(gv.v[k]);
+    const A g = w != nullptr ? dyk * weight_scale<C>(A(to_acc(wv.v[k])), offset) : dyk;
+    if constexpr (C::from_output)
+      if (w != nullptr) xq *= rcp_acc(weight_scale<C>(A(to_acc(wv.v[k])), offset));
+    dxv[k] = r.rs * (g - r.c0 - r.c1 * xq);
+    dwp[k] += dyk * (xq * r.xs);
+    if constexpr (C::centered) dbp[k] += dyk;
+    if constexpr (C::add)
+      if (r.dh != nullptr) dxv[k] += to_acc(dhv.v[k]);
   }
-  store_from_acc<T, VEC>(dxr + col, dxv);
+  store_from_acc<T, VEC>(r.dx + col, dxv);
+  if constexpr (C::wide_residual) store_from_acc<R, VEC>(r.dr + col, dxv);
 }
 
 // Writes this block's partial row of one parameter gradient: the slots' register partials
@@ -250,25 +470,33 @@ __device__ __forceinline__ void store_block_partial(A* out, const A (&part)[VPT]
   }
 }
 
+template <typename C>
+constexpr int backward_target() {
+  return backward_vecs(C::centered, C::add && sizeof(typename C::T) == 2);
+}
+
 // Two resident blocks per SM (a register cap of 128) keep enough loads in flight; with more
 // vectors per thread than the backward aims at, that cap would spill, so those keep one.
-template <bool kCentered, typename T, typename W, int VEC, int TPR, int VPT>
-__global__ void __launch_bounds__(kBlock, VPT <= backward_vecs(kCentered) ? 2 : 1)
-    backward_kernel(BackwardArgs<T, W> a, RowLayout dy_rows, RowLayout x_rows, int64_t num_rows, int n) {
-  using A = acc_t<T>;
+template <typename C, int VEC, int TPR, int VPT>
+__global__ void __launch_bounds__(kBlock, VPT <= backward_target<C>() ? 2 : 1)
+    backward_kernel(BackwardArgs<C> a, RowLayout dy_rows, RowLayout x_rows, GradResidualRows<C::add> dh_rows,
+                    int64_t num_rows, int n) {
+  using T = typename C::T;
+  using R = typename C::R;
+  using A = typename C::A;
   constexpr int kSlots = kBlock / TPR;  // rows in flight per block
-  constexpr int kSums = kCentered ? 2 : 1;
+  constexpr int kSums = C::centered ? 2 : 1;
   __shared__ A scratch[2][kSums * kBlock / 32];
   const int lane = threadIdx.x % TPR, slot = threadIdx.x / TPR;
   const A inv_n = A(1) / A(n);
-  const bool want_dw = a.dw_partial != nullptr, want_db = kCentered && a.db_partial != nullptr;
-  A dwp[VPT][VEC], dbp[kCentered ? VPT : 1][VEC];
+  const bool want_dw = a.dw_partial != nullptr, want_db = C::centered && a.db_partial != nullptr;
+  A dwp[VPT][VEC], dbp[C::centered ? VPT : 1][VEC];
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dwp[i][k] = 0;
 #pragma unroll
-  for (int i = 0; i < (kCentered ? VPT : 1); ++i)
+  for (int i = 0; i < (C::centered ? VPT : 1); ++i)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dbp[i][k] = 0;
   int parity = 0;
@@ -276,52 +504,51 @@ __global__ void __launch_bounds__(kBlock, VPT <= backward_vecs(kCentered) ? 2 : 
   for (int64_t base = int64_t(blockIdx.x) * kSlots; base < num_rows; base += int64_t(gridDim.x) * kSlots) {
     const int64_t row = base + slot;
     const bool active = row < num_rows;
-    const T* xr = a.x + (active ? x_rows.offset(row) : 0);
+    const R* xr = a.x + (active ? x_rows.offset(row) : 0);
     const T* gr = a.dy + (active ? dy_rows.offset(row) : 0);
-    Vec<T, VEC> xv[VPT], gv[VPT];
+    Vec<R, VEC> xv[VPT];
+    Vec<T, VEC> gv[VPT];
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
       if (active && col < n) {
-        xv[i] = load_vec<T, VEC>(xr + col);
+        xv[i] = load_vec<R, VEC>(xr + col);
         gv[i] = load_vec<T, VEC>(gr + col);
       }
     }
-    const A mu = kCentered && active ? a.mean[row] : A(0);
+    const A mu = C::centered && active ? a.mean[row] : A(0);
     A sums[kSums] = {};
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (active && col < n) add_row_sums<T, W, VEC>(sums, xv[i], gv[i], a.w, col, mu);
+      if (active && col < n) add_row_sums<C, VEC>(sums, xv[i], gv[i], a.w, col, mu, a.offset);
     }
     group_sum<TPR>(sums, scratch[parity]);
     parity ^= 1;
     if (!active) continue;
-    const A rs = a.rstd[row];
-    const A c1 = sums[0] * inv_n * rs * rs;
-    const A c0 = kCentered ? sums[kSums - 1] * inv_n : A(0);
-    T* dxr = a.dx + row * n;
+    const RowGrad<C> rg = row_grad<C>(a, dh_rows, row, n, sums, mu, inv_n);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (col < n)
-        grad_input_store<kCentered, T, W, VEC>(dxr, xv[i], gv[i], a.w, col, mu, rs, c0, c1, dwp[i],
-                                               dbp[kCentered ? i : 0]);
+      if (col < n) grad_input_store<C, VEC>(rg, xv[i], gv[i], a.w, col, a.offset, dwp[i], dbp[C::centered ? i : 0]);
     }
   }
   if (!want_dw && !want_db) return;
   __shared__ A shared[kBlock / TPR > 1 ? kBlock * VEC : 1];
   if (want_dw) store_block_partial<A, VEC, TPR, VPT>(a.dw_partial + int64_t(blockIdx.x) * n, dwp, shared, n);
-  if constexpr (kCentered)
+  if constexpr (C::centered)
     if (want_db) store_block_partial<A, VEC, TPR, VPT>(a.db_partial + int64_t(blockIdx.x) * n, dbp, shared, n);
 }
 
 // The sweeping backward (wide or unaligned rows): blockDim.x threads per row, blockDim.y row
 // slots per block, each slot with its own row of each partial buffer.
-template <bool kCentered, typename T, typename W, int VEC>
+template <typename C, int VEC>
 __global__ void __launch_bounds__(kSweepThreads)
-    backward_sweep_kernel(BackwardArgs<T, W> a, RowLayout dy_rows, RowLayout x_rows, int64_t num_rows, int64_t n) {
-  using A = acc_t<T>;
+    backward_sweep_kernel(BackwardArgs<C> a, RowLayout dy_rows, RowLayout x_rows, GradResidualRows<C::add> dh_rows,
+                          int64_t num_rows, int64_t n) {
+  using T = typename C::T;
+  using R = typename C::R;
+  using A = typename C::A;
   __shared__ A scratch[32 * 8];
   const int64_t slots = int64_t(gridDim.x) * blockDim.y;
   const int64_t step = int64_t(blockDim.x) * VEC;
@@ -338,25 +565,21 @@ __global__ void __launch_bounds__(kSweepThreads)
   for (int64_t base = int64_t(blockIdx.x) * blockDim.y; base < num_rows; base += slots) {
     const int64_t row = base + threadIdx.y;
     const bool active = row < num_rows;
-    const T* xr = a.x + (active ? x_rows.offset(row) : 0);
+    const R* xr = a.x + (active ? x_rows.offset(row) : 0);
     const T* gr = a.dy + (active ? dy_rows.offset(row) : 0);
-    const A mu = kCentered && active ? a.mean[row] : A(0);
-    A sums[kCentered ? 2 : 1] = {};
+    const A mu = C::centered && active ? a.mean[row] : A(0);
+    A sums[C::centered ? 2 : 1] = {};
     if (active)
       for (int64_t col = threadIdx.x * VEC; col < n; col += step)
-        add_row_sums<T, W, VEC>(sums, load_vec<T, VEC>(xr + col), load_vec<T, VEC>(gr + col), a.w, col, mu);
+        add_row_sums<C, VEC>(sums, load_vec<R, VEC>(xr + col), load_vec<T, VEC>(gr + col), a.w, col, mu, a.offset);
     sums[0] = row_sum(sums[0], scratch);
-    if constexpr (kCentered) sums[1] = row_sum(sums[1], scratch);
+    if constexpr (C::centered) sums[1] = row_sum(sums[1], scratch);
     if (!active) continue;
-    const A rs = a.rstd[row];
-    const A c1 = sums[0] * inv_n * rs * rs;
-    A c0 = 0;
-    if constexpr (kCentered) c0 = sums[1] * inv_n;
-    T* dxr = a.dx + row * n;
+    const RowGrad<C> rg = row_grad<C>(a, dh_rows, row, n, sums, mu, inv_n);
     for (int64_t col = threadIdx.x * VEC; col < n; col += step) {
       A dwp[VEC] = {}, dbp[VEC] = {};
-      grad_input_store<kCentered, T, W, VEC>(dxr, load_vec<T, VEC>(xr + col), load_vec<T, VEC>(gr + col), a.w, col,
-                                             mu, rs, c0, c1, dwp, dbp);
+      grad_input_store<C, VEC>(rg, load_vec<R, VEC>(xr + col), load_vec<T, VEC>(gr + col), a.w, col, a.offset, dwp,
+                               dbp);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         if (dw_row != nullptr) dw_row[col + k] += dwp[k];
@@ -408,18 +631,29 @@ Shape cached_shape(int vec, int64_t nvec, int target) {
   return s;
 }
 
-// 16-byte vectors need the base pointers, every row stride and n to be multiples of 16 bytes;
+// A tensor a kernel accesses by vectors: its data and the rows it is laid out by (null: its
+// rows are contiguous, n apart), in elements of `elem_size` bytes. Null data: not accessed.
+struct Operand {
+  const void* data;
+  const RowLayout* rows;
+  int64_t elem_size;
+};
+
+// Vectors of `vec` elements (16 bytes of the op's narrow dtype) need n to be a multiple of vec
+// and every operand's base pointer and row strides (and the parameters) to be 16-byte aligned;
 // otherwise a scalar sweep (threads per row: a power of two from 32 to 256 covering the row,
 // 256 / tpr rows per block, or 1024 for rows wider than 256 elements).
-template <typename T>
-Shape make_shape(const Problem& p, const RowLayout& other_rows, const void* other, int target) {
-  constexpr int kVec = 16 / sizeof(T);
-  bool aligned = p.n % kVec == 0 && aligned16(p.input.const_data_ptr()) && aligned16(other);
+Shape make_shape(const Problem& p, int vec, std::initializer_list<Operand> operands, int target) {
+  bool aligned = p.n % vec == 0;
   for (const std::optional<Tensor>* param : {&p.weight, &p.bias})
     aligned = aligned && (!*param || aligned16((*param)->const_data_ptr()));
-  for (const RowLayout* rl : {&p.rows, &other_rows})
-    for (int d = 0; d < rl->ndim; ++d) aligned = aligned && rl->strides[d] % kVec == 0;
-  if (aligned) return cached_shape(kVec, (p.n + kVec - 1) / kVec, target);
+  for (const Operand& o : operands) {
+    if (o.data == nullptr) continue;
+    aligned = aligned && aligned16(o.data);
+    if (o.rows != nullptr)
+      for (int d = 0; d < o.rows->ndim; ++d) aligned = aligned && (o.rows->strides[d] * o.elem_size) % 16 == 0;
+  }
+  if (aligned) return cached_shape(vec, (p.n + vec - 1) / vec, target);
   Shape s;
   s.tpr = 32;
   while (s.tpr < kBlock && s.tpr < p.n) s.tpr *= 2;
@@ -462,15 +696,19 @@ void dispatch_cached(const Shape& s, const char* op, F&& f, ShapeList<Tags...>) 
   STD_TORCH_CHECK(found, "fusedops: no ", op, " kernel for ", s.tpr, " threads x ", s.vpt, " vectors");
 }
 
-// Calls f(TypeTag<device T>{}, TypeTag<device W>{}) for input's dtype and the parameters'.
+template <typename T>
+constexpr bool is_narrow_device = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
+
+// Calls f(TypeTag<T>{}, TypeTag<W>{}) with the device storage types of dtype `t` (the op's
+// narrow dtype: input, or grad_output) and of p's parameters (T, or float with 16-bit T).
 template <typename F>
-void dispatch_types(const Problem& p, const char* op, F&& f) {
-  dispatch_float(p.input.scalar_type(), op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {
-      if (p.param_dtype() == ScalarType::Float) return f(TypeTag<device_t<T>>{}, TypeTag<float>{});
+void dispatch_types(ScalarType t, const Problem& p, const char* op, F&& f) {
+  dispatch_float(t, op, [&](auto tag) {
+    using T = device_t<typename decltype(tag)::type>;
+    if constexpr (is_narrow_device<T>) {
+      if ((p.weight || p.bias) && p.param_dtype() == ScalarType::Float) return f(TypeTag<T>{}, TypeTag<float>{});
     }
-    return f(TypeTag<device_t<T>>{}, TypeTag<device_t<T>>{});
+    return f(TypeTag<T>{}, TypeTag<T>{});
   });
 }
 
@@ -504,123 +742,206 @@ int resident_blocks(int threads) {
   return v;
 }
 
-// The outputs of a forward: y, mean (layer_norm) and rstd.
-template <bool kCentered>
-std::tuple<Tensor, std::optional<Tensor>, Tensor> forward(const char* op, const Tensor& input,
-                                                          const std::optional<Tensor>& weight,
-                                                          const std::optional<Tensor>& bias, double eps) {
-  const Problem p = forward_problem(op, input, weight, bias, eps);
-  torch::stable::accelerator::DeviceGuard guard(input.get_device_index());
-  Tensor out = output_like(input), rstd = row_stat(input);
-  std::optional<Tensor> mean;
-  if (kCentered) mean = row_stat(input);
-  if (p.num_rows == 0) return {out, mean, rstd};
-  if (p.n == 0) {  // an empty row: mean 0, variance 0
-    torch::stable::fill_(rstd, 1.0 / std::sqrt(eps));
-    if (kCentered) torch::stable::zero_(*mean);
-    return {out, mean, rstd};
+// One forward of the kernels configured by C, with add_rms_norm's residual (and its rows) when C::add.
+template <typename C>
+void launch_forward(const Problem& p, const ForwardOutputs& o, const Tensor* residual, const RowLayout* residual_rows,
+                    const char* op) {
+  using T = typename C::T;
+  using W = typename C::W;
+  using R = typename C::R;
+  using A = typename C::A;
+  constexpr int kVec = 16 / sizeof(T);
+  ForwardArgs<C> a{reinterpret_cast<const T*>(p.input.const_data_ptr()),
+                   param_ptr<W>(p.weight),
+                   param_ptr<W>(p.bias),
+                   reinterpret_cast<T*>(o.out.mutable_data_ptr()),
+                   data_or_null<A>(o.mean),
+                   reinterpret_cast<A*>(o.rstd.mutable_data_ptr()),
+                   nullptr,
+                   nullptr,
+                   A(p.offset),
+                   p.cast_before_weight};
+  ResidualRows<C::add> res_rows;
+  if constexpr (C::add) {
+    a.r = reinterpret_cast<const R*>(residual->const_data_ptr());
+    a.h = reinterpret_cast<R*>(o.residual_out->mutable_data_ptr());
+    res_rows.r = *residual_rows;
+    res_rows.h = o.residual_out_rows;
   }
-  const cudaStream_t stream = current_stream(input.get_device_index());
-  dispatch_types(p, op, [&](auto ttag, auto wtag) {
-    using T = typename decltype(ttag)::type;
-    using W = typename decltype(wtag)::type;
-    using A = acc_t<T>;
-    ForwardArgs<T, W> a{reinterpret_cast<const T*>(p.input.const_data_ptr()),
-                        param_ptr<W>(p.weight),
-                        param_ptr<W>(p.bias),
-                        reinterpret_cast<T*>(out.mutable_data_ptr()),
-                        data_or_null<A>(mean),
-                        reinterpret_cast<A*>(rstd.mutable_data_ptr())};
-    const Shape s = make_shape<T>(p, p.rows, a.y, kForwardVecs);
-    if (s.vpt == 0) {
-      const int rpb = sweep_rows_per_block(s);
-      const auto launch = [&](auto kernel) {
-        kernel<<<grid_size(op, (p.num_rows + rpb - 1) / rpb), dim3(s.tpr, rpb), 0, stream>>>(a, p.rows, p.num_rows,
-                                                                                           p.n, A(eps));
-      };
-      if (s.vec == 1) launch(forward_sweep_kernel<kCentered, T, W, 1>);
-      else launch(forward_sweep_kernel<kCentered, T, W, 16 / sizeof(T)>);
-      return;
-    }
+  const Shape s = make_shape(p, kVec,
+                             {{a.x, &p.rows, sizeof(T)},
+                              {a.y, nullptr, sizeof(T)},
+                              {a.r, residual_rows, sizeof(R)},
+                              {a.h, &o.residual_out_rows, sizeof(R)}},
+                             kForwardVecs);
+  const cudaStream_t stream = current_stream(p.input.get_device_index());
+  if (s.vpt == 0) {
+    const int rpb = sweep_rows_per_block(s);
+    const auto launch = [&](auto kernel) {
+      kernel<<<grid_size(op, (p.num_rows + rpb - 1) / rpb), dim3(s.tpr, rpb), 0, stream>>>(a, p.rows, res_rows,
+                                                                                         p.num_rows, p.n, A(p.eps));
+    };
+    if (s.vec == 1) launch(forward_sweep_kernel<C, 1>);
+    else launch(forward_sweep_kernel<C, kVec>);
+  } else {
     const auto launch = [&](auto vec, auto tag) {
       using Tag = decltype(tag);
       constexpr int kRows = kBlock / Tag::tpr;
-      forward_kernel<kCentered, T, W, decltype(vec)::value, Tag::tpr, Tag::vpt>
-          <<<grid_size(op, (p.num_rows + kRows - 1) / kRows), kBlock, 0, stream>>>(a, p.rows, p.num_rows, int(p.n),
-                                                                                  A(eps));
+      forward_kernel<C, decltype(vec)::value, Tag::tpr, Tag::vpt>
+          <<<grid_size(op, (p.num_rows + kRows - 1) / kRows), kBlock, 0, stream>>>(a, p.rows, res_rows, p.num_rows,
+                                                                                  int(p.n), A(p.eps));
     };
     dispatch_cached<T>(s, op, launch, CachedShapes<kForwardVecs>{});
-  });
+  }
   check_launch(op);
-  return {out, mean, rstd};
 }
 
-// grad_input, grad_weight and grad_bias (empty when not wanted).
-template <bool kCentered>
-std::tuple<Tensor, Tensor, Tensor> backward(const BackwardProblem& p, const char* op) {
-  torch::stable::accelerator::DeviceGuard guard(p.input.get_device_index());
-  Tensor grad_input = output_like(p.input);
-  Tensor grad_weight = param_grad(p, p.weight, p.want_grad_weight);
-  Tensor grad_bias = param_grad(p, p.bias, p.want_grad_bias);
-  if (p.empty()) return {grad_input, grad_weight, grad_bias};
-  const ScalarType xt = p.input.scalar_type();
+// One backward of the kernels configured by C.
+template <typename C>
+void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const char* op) {
+  using T = typename C::T;
+  using W = typename C::W;
+  using R = typename C::R;
+  using A = typename C::A;
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kTarget = backward_target<C>();
+  BackwardArgs<C> a{reinterpret_cast<const T*>(p.grad_output.const_data_ptr()),
+                    reinterpret_cast<const R*>(p.input.const_data_ptr()),
+                    param_ptr<W>(p.weight),
+                    param_ptr<A>(p.mean),
+                    reinterpret_cast<const A*>(p.rstd.const_data_ptr()),
+                    reinterpret_cast<T*>(o.grad_input.mutable_data_ptr()),
+                    nullptr,
+                    nullptr,
+                    nullptr,
+                    nullptr,
+                    A(p.offset)};
+  GradResidualRows<C::add> dh_rows;
+  if constexpr (C::add) {
+    a.dh = param_ptr<R>(p.grad_residual_out);
+    a.dr = data_or_null<R>(o.grad_residual);
+    dh_rows.dh = p.grad_residual_rows;
+  }
+  const Shape s = make_shape(p, kVec,
+                             {{a.dy, &p.grad_rows, sizeof(T)},
+                              {a.x, &p.rows, sizeof(R)},
+                              {a.dh, &p.grad_residual_rows, sizeof(R)},
+                              {a.dx, nullptr, sizeof(T)},
+                              {a.dr, nullptr, sizeof(R)}},
+                             kTarget);
   const int32_t device = p.input.get_device_index();
   const cudaStream_t stream = current_stream(device);
-  dispatch_types(p, op, [&](auto ttag, auto wtag) {
+  const int64_t sms = multiprocessor_count(device);
+  // One wave of resident blocks, each walking its rows: as few partial rows to add up as
+  // the bandwidth allows.
+  const auto run = [&](auto kernel_tag, int64_t blocks_needed, dim3 block, int64_t partials_per_block) {
+    constexpr auto kernel = decltype(kernel_tag)::value;
+    const int64_t blocks = std::min(blocks_needed, sms * resident_blocks<kernel>(int(block.x * block.y)));
+    const int64_t num_partials = blocks * partials_per_block;
+    const int64_t params = int64_t(p.want_grad_weight) + int64_t(p.want_grad_bias);
+    Tensor partial;
+    if (params > 0) {
+      partial = empty_like_device(p.input, {params, num_partials, p.n}, acc_dtype(p.grad_output.scalar_type()));
+      A* base = reinterpret_cast<A*>(partial.mutable_data_ptr());
+      if (p.want_grad_weight) a.dw_partial = base;
+      if (p.want_grad_bias) a.db_partial = base + (p.want_grad_weight ? num_partials * p.n : 0);
+    }
+    kernel<<<grid_size(op, blocks), block, 0, stream>>>(a, p.grad_rows, p.rows, dh_rows, p.num_rows, p.n);
+    check_launch(op);
+    const dim3 sum_grid(unsigned((p.n + 31) / 32)), sum_block(32, 8);
+    if (p.want_grad_weight)
+      sum_partials_kernel<A, W><<<sum_grid, sum_block, 0, stream>>>(
+          a.dw_partial, num_partials, p.n, reinterpret_cast<W*>(o.grad_weight.mutable_data_ptr()));
+    if (p.want_grad_bias)
+      sum_partials_kernel<A, W><<<sum_grid, sum_block, 0, stream>>>(
+          a.db_partial, num_partials, p.n, reinterpret_cast<W*>(o.grad_bias.mutable_data_ptr()));
+    check_launch(op);
+  };
+  if (s.vpt == 0) {
+    const int rpb = sweep_rows_per_block(s);
+    const int64_t needed = (p.num_rows + rpb - 1) / rpb;
+    if (s.vec == 1) run(Constant<backward_sweep_kernel<C, 1>>{}, needed, dim3(s.tpr, rpb), rpb);
+    else run(Constant<backward_sweep_kernel<C, kVec>>{}, needed, dim3(s.tpr, rpb), rpb);
+    return;
+  }
+  const auto launch = [&](auto vec, auto tag) {
+    using Tag = decltype(tag);
+    constexpr int kRows = kBlock / Tag::tpr;
+    run(Constant<backward_kernel<C, decltype(vec)::value, Tag::tpr, Tag::vpt>>{}, (p.num_rows + kRows - 1) / kRows,
+        dim3(kBlock), 1);
+  };
+  dispatch_cached<T>(s, op, launch, CachedShapes<kTarget>{});
+}
+
+// rms_norm (kCentered false) or layer_norm (true): writes o.out, o.rstd and (layer_norm) o.mean.
+template <bool kCentered>
+void forward(const Problem& p, const ForwardOutputs& o, const char* op) {
+  if (p.empty()) return;
+  torch::stable::accelerator::DeviceGuard guard(p.input.get_device_index());
+  dispatch_types(p.input.scalar_type(), p, op, [&](auto ttag, auto wtag) {
     using T = typename decltype(ttag)::type;
     using W = typename decltype(wtag)::type;
-    using A = acc_t<T>;
-    BackwardArgs<T, W> a{reinterpret_cast<const T*>(p.grad_output.const_data_ptr()),
-                         reinterpret_cast<const T*>(p.input.const_data_ptr()),
-                         param_ptr<W>(p.weight),
-                         param_ptr<A>(p.mean),
-                         reinterpret_cast<const A*>(p.rstd.const_data_ptr()),
-                         reinterpret_cast<T*>(grad_input.mutable_data_ptr()),
-                         nullptr,
-                         nullptr};
-    const Shape s = make_shape<T>(p, p.grad_rows, a.dy, backward_vecs(kCentered));
-    const int64_t sms = multiprocessor_count(device);
-    // One wave of resident blocks, each walking its rows: as few partial rows to add up as
-    // the bandwidth allows.
-    const auto run = [&](auto kernel_tag, int64_t blocks_needed, dim3 block, int64_t partials_per_block) {
-      constexpr auto kernel = decltype(kernel_tag)::value;
-      const int64_t blocks = std::min(blocks_needed, sms * resident_blocks<kernel>(int(block.x * block.y)));
-      const int64_t num_partials = blocks * partials_per_block;
-      const int64_t params = int64_t(p.want_grad_weight) + int64_t(p.want_grad_bias);
-      Tensor partial;
-      if (params > 0) {
-        partial = empty_like_device(p.input, {params, num_partials, p.n}, acc_dtype(xt));
-        A* base = reinterpret_cast<A*>(partial.mutable_data_ptr());
-        if (p.want_grad_weight) a.dw_partial = base;
-        if (p.want_grad_bias) a.db_partial = base + (p.want_grad_weight ? num_partials * p.n : 0);
-      }
-      kernel<<<grid_size(op, blocks), block, 0, stream>>>(a, p.grad_rows, p.rows, p.num_rows, p.n);
-      check_launch(op);
-      const dim3 sum_grid(unsigned((p.n + 31) / 32)), sum_block(32, 8);
-      if (p.want_grad_weight)
-        sum_partials_kernel<A, W><<<sum_grid, sum_block, 0, stream>>>(
-            a.dw_partial, num_partials, p.n, reinterpret_cast<W*>(grad_weight.mutable_data_ptr()));
-      if (p.want_grad_bias)
-        sum_partials_kernel<A, W><<<sum_grid, sum_block, 0, stream>>>(
-            a.db_partial, num_partials, p.n, reinterpret_cast<W*>(grad_bias.mutable_data_ptr()));
-      check_launch(op);
-    };
-    if (s.vpt == 0) {
-      const int rpb = sweep_rows_per_block(s);
-      const int64_t needed = (p.num_rows + rpb - 1) / rpb;
-      if (s.vec == 1) run(Constant<backward_sweep_kernel<kCentered, T, W, 1>>{}, needed, dim3(s.tpr, rpb), rpb);
-      else run(Constant<backward_sweep_kernel<kCentered, T, W, 16 / sizeof(T)>>{}, needed, dim3(s.tpr, rpb), rpb);
-      return;
+    if constexpr (!kCentered) {
+      // Rounding before the weight changes nothing without a weight or for a 32/64-bit T.
+      if (p.offset != 0 || (p.cast_before_weight && p.weight && is_narrow_device<T>))
+        return launch_forward<Config<false, Variant::kOptions, T, W>>(p, o, nullptr, nullptr, op);
     }
-    const auto launch = [&](auto vec, auto tag) {
-      using Tag = decltype(tag);
-      constexpr int kRows = kBlock / Tag::tpr;
-      run(Constant<backward_kernel<kCentered, T, W, decltype(vec)::value, Tag::tpr, Tag::vpt>>{},
-          (p.num_rows + kRows - 1) / kRows, dim3(kBlock), 1);
-    };
-    dispatch_cached<T>(s, op, launch, CachedShapes<backward_vecs(kCentered)>{});
+    launch_forward<Config<kCentered, Variant::kPlain, T, W>>(p, o, nullptr, nullptr, op);
   });
-  return {grad_input, grad_weight, grad_bias};
+}
+
+// add_rms_norm and add_rms_norm_: writes o.out, o.residual_out and o.rstd. (A template only so
+// that the translation units that do not call it compile none of its kernels.)
+template <typename = void>
+void add_forward(const AddProblem& p, const ForwardOutputs& o, const char* op) {
+  if (p.empty()) return;  // (norm.h refused an in-place residual whose rows share memory)
+  torch::stable::accelerator::DeviceGuard guard(p.input.get_device_index());
+  const bool wide = p.residual.scalar_type() != p.input.scalar_type();
+  dispatch_types(p.input.scalar_type(), p, op, [&](auto ttag, auto wtag) {
+    using T = typename decltype(ttag)::type;
+    using W = typename decltype(wtag)::type;
+    if constexpr (is_narrow_device<T>) {
+      if (wide)
+        return launch_forward<Config<false, Variant::kAdd, T, W, float>>(p, o, &p.residual, &p.residual_rows, op);
+    }
+    launch_forward<Config<false, Variant::kAdd, T, W>>(p, o, &p.residual, &p.residual_rows, op);
+  });
+}
+
+// The backward of rms_norm (kCentered false) or layer_norm (true): writes o.grad_input and the
+// wanted parameter gradients.
+template <bool kCentered>
+void backward(const BackwardProblem& p, const BackwardOutputs& o, const char* op) {
+  if (p.empty()) return;
+  torch::stable::accelerator::DeviceGuard guard(p.input.get_device_index());
+  dispatch_types(p.grad_output.scalar_type(), p, op, [&](auto ttag, auto wtag) {
+    using T = typename decltype(ttag)::type;
+    using W = typename decltype(wtag)::type;
+    if constexpr (!kCentered) {
+      if (p.saved_is_output) return launch_backward<Config<false, Variant::kFromOutput, T, W>>(p, o, op);
+      if (p.offset != 0) return launch_backward<Config<false, Variant::kOptions, T, W>>(p, o, op);
+    }
+    launch_backward<Config<kCentered, Variant::kPlain, T, W>>(p, o, op);
+  });
+}
+
+// The backward of add_rms_norm: writes o.grad_input, o.grad_residual where present and the
+// weight gradient. Always the add kernels (a gradient usually reaches residual_out), so that
+// add_rms_norm's translation unit compiles none of rms_norm's. (A template for the same reason
+// as add_forward.)
+template <typename = void>
+void add_backward(const BackwardProblem& p, const BackwardOutputs& o, const char* op) {
+  if (p.empty()) return;
+  torch::stable::accelerator::DeviceGuard guard(p.input.get_device_index());
+  const bool wide = p.input.scalar_type() != p.grad_output.scalar_type();  // a float32 residual_out
+  dispatch_types(p.grad_output.scalar_type(), p, op, [&](auto ttag, auto wtag) {
+    using T = typename decltype(ttag)::type;
+    using W = typename decltype(wtag)::type;
+    if constexpr (is_narrow_device<T>) {
+      if (wide) return launch_backward<Config<false, Variant::kAdd, T, W, float>>(p, o, op);
+    }
+    launch_backward<Config<false, Variant::kAdd, T, W>>(p, o, op);
+  });
 }
 
 }  // namespace

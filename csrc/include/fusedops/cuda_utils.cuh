@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
@@ -43,9 +44,24 @@ struct alignas(sizeof(T) * N) Vec {
   T v[N];
 };
 
+// Vectors wider than 16 bytes (a float32 residual beside 8 bf16 values) are loaded and stored
+// as 16-byte pieces, which need only 16-byte alignment.
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
-  return *reinterpret_cast<const Vec<T, N>*>(p);
+  if constexpr (sizeof(T) * N > 16) {
+    static_assert(sizeof(T) * N % 16 == 0, "wide vectors are whole 16-byte pieces");
+    constexpr int kPer = 16 / sizeof(T);
+    Vec<T, N> v;
+#pragma unroll
+    for (int j = 0; j < N; j += kPer) {
+      const Vec<T, kPer> piece = *reinterpret_cast<const Vec<T, kPer>*>(p + j);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) v.v[j + k] = piece.v[k];
+    }
+    return v;
+  } else {
+    return *reinterpret_cast<const Vec<T, N>*>(p);
+  }
 }
 
 // Read-only data reused by many blocks (a norm's weight). A plain load of the whole vector:
@@ -67,6 +83,16 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
   if constexpr (sizeof(T) * N == 16) {
     const uint4 u = *reinterpret_cast<const uint4*>(&v);
     store16(p, u.x, u.y, u.z, u.w);
+  } else if constexpr (sizeof(T) * N > 16) {
+    static_assert(sizeof(T) * N % 16 == 0, "wide vectors are whole 16-byte pieces");
+    constexpr int kPer = 16 / sizeof(T);
+#pragma unroll
+    for (int j = 0; j < N; j += kPer) {
+      Vec<T, kPer> piece;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) piece.v[k] = v.v[j + k];
+      store_vec<T, kPer>(p + j, piece);
+    }
   } else {
     *reinterpret_cast<Vec<T, N>*>(p) = v;
   }
@@ -95,28 +121,73 @@ __device__ __forceinline__ void store_acc(A* p, const A (&vals)[N]) {
 __device__ __forceinline__ uint32_t to_bits(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
 __device__ __forceinline__ uint32_t to_bits(__half v) { return __half_as_ushort(v); }
 
-// Converts VEC accumulator values to T and stores them with one vector store.
-template <typename T, int VEC>
-__device__ __forceinline__ void store_from_acc(T* p, const acc_t<T> (&vals)[VEC]) {
-  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
-    uint32_t words[VEC / 2];
+// The value of 16 bits of T (in the low half of `bits`).
+template <typename T> __device__ __forceinline__ float bits_to_acc(uint32_t bits);
+template <> __device__ __forceinline__ float bits_to_acc<__nv_bfloat16>(uint32_t bits) {
+  return __uint_as_float(bits << 16);
+}
+template <> __device__ __forceinline__ float bits_to_acc<__half>(uint32_t bits) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+
+// N values of a 16-bit T packed two to a word, the lower element in the low half: how a kernel
+// holds 16-bit values it rounded itself.
+template <typename T, int N>
+struct Packed {
+  uint32_t w[N / 2];
+};
+
+// N values of T rounded from the accumulator and held in registers: Packed for 16-bit T, else a Vec.
+template <typename T, int N>
+using Held = std::conditional_t<sizeof(T) == 2 && N % 2 == 0, Packed<T, N>, Vec<T, N>>;
+
+// Element k of a register vector, in the accumulation type.
+template <typename T, int N>
+__device__ __forceinline__ acc_t<T> acc_at(const Vec<T, N>& v, int k) {
+  return to_acc(v.v[k]);
+}
+template <typename T, int N>
+__device__ __forceinline__ float acc_at(const Packed<T, N>& v, int k) {
+  return bits_to_acc<T>(k % 2 == 0 ? v.w[k / 2] & 0xffffu : v.w[k / 2] >> 16);
+}
+
+// Rounds N accumulator values to T.
+template <typename T, int N>
+__device__ __forceinline__ Held<T, N> round_held(const acc_t<T> (&vals)[N]) {
+  Held<T, N> h;
+  if constexpr (std::is_same_v<Held<T, N>, Packed<T, N>>) {
 #pragma unroll
-    for (int k = 0; k < VEC / 2; ++k)
-      words[k] = to_bits(from_acc<T>(vals[2 * k])) | (to_bits(from_acc<T>(vals[2 * k + 1])) << 16);
-    if constexpr (VEC == 8) {
-      store16(p, words[0], words[1], words[2], words[3]);
-    } else if constexpr (VEC == 4) {
-      *reinterpret_cast<uint2*>(p) = make_uint2(words[0], words[1]);
+    for (int k = 0; k < N / 2; ++k)
+      h.w[k] = to_bits(from_acc<T>(vals[2 * k])) | (to_bits(from_acc<T>(vals[2 * k + 1])) << 16);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) h.v[k] = from_acc<T>(vals[k]);
+  }
+  return h;
+}
+
+// Stores held values with vector stores (16-byte PTX stores where they fill them).
+template <typename T, int N>
+__device__ __forceinline__ void store_held(T* p, const Held<T, N>& h) {
+  if constexpr (std::is_same_v<Held<T, N>, Packed<T, N>>) {
+    if constexpr (N == 8) {
+      store16(p, h.w[0], h.w[1], h.w[2], h.w[3]);
+    } else if constexpr (N == 4) {
+      *reinterpret_cast<uint2*>(p) = make_uint2(h.w[0], h.w[1]);
     } else {
 #pragma unroll
-      for (int k = 0; k < VEC / 2; ++k) reinterpret_cast<uint32_t*>(p)[k] = words[k];
+      for (int k = 0; k < N / 2; ++k) reinterpret_cast<uint32_t*>(p)[k] = h.w[k];
     }
   } else {
-    Vec<T, VEC> out;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) out.v[k] = from_acc<T>(vals[k]);
-    store_vec<T, VEC>(p, out);
+    store_vec<T, N>(p, h);
   }
+}
+
+// Converts VEC accumulator values to T and stores them with one vector store (16-byte pieces
+// when wider).
+template <typename T, int VEC>
+__device__ __forceinline__ void store_from_acc(T* p, const acc_t<T> (&vals)[VEC]) {
+  store_held<T, VEC>(p, round_held<T, VEC>(vals));
 }
 
 template <typename A>

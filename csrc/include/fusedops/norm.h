@@ -1,6 +1,25 @@
 // Row normalisations (rms_norm, layer_norm): argument checks and output allocation shared by
 // their CPU and CUDA kernels. The Python fake kernels (src/fusedops/ops/_norm.py) raise the
 // same messages.
+// SEMANTICS (what every backend computes; the kernel headers implement this):
+//   acc = float32 (float64 for float64 input). T = input dtype; W = weight dtype (T, or float32 with 16-bit T); R = residual dtype (T, or float32 with 16-bit T).
+//
+//   rms_norm(input x, weight?, eps, offset, cast_before_weight) -> (output, rstd):
+//   - rstd[r] = 1/sqrt(mean_j x^2 + eps) (acc); xhat = x * rstd
+//   - if cast_before_weight: xhat = round-to-T(xhat) (then back to acc)  [LLaMA/HF: normalise in fp32, cast, multiply by weight]
+//   - v = xhat * (offset + w[j]) with a weight (offset + w in acc); v = xhat without one (offset is then 0, checked)
+//   - output = round-to-T(v), contiguous. rstd has the leading shape, acc dtype.
+//   rms_norm_backward(grad_output dy, saved, weight?, rstd, offset, saved_is_output, weight_requires_grad):
+//   - saved_is_output: `saved` is the forward's OUTPUT y (dtype T) and xhat = y / (offset + w[j]) (xhat = y without weight); else saved is x and xhat = x * rstd.
+//   - g = dy * (offset + w) (g = dy without weight); dx = rstd * (g - xhat * mean_j(g * xhat)); dw[j] = sum_r dy * xhat (deterministic, as today).
+//   - No cast flag in backward (rounding counts as identity for the gradient).
+//   add_rms_norm(input x (T), residual r (R), weight?, eps, offset, cast_before_weight) -> (output (T), residual_out (R), rstd):
+//   - h = round-to-R(x + r) (sum in acc), written to residual_out; then rms_norm of the ROUNDED h exactly as above, output in T (cast_before_weight rounds xhat to T). One read of x and r, one write of output and residual_out on the register-caching paths.
+//   - add_rms_norm_ (in place): same, but residual_out is the residual tensor itself (possibly strided rows, addressed by its RowLayout; each thread reads its residual elements before writing the same ones).
+//   add_rms_norm_backward(dy (T), grad_residual_out (R, optional), residual_out h (R), weight?, rstd, offset, weight_requires_grad):
+//   - dh = [rms_norm backward of dy w.r.t. h, xhat = h * rstd, g = dy*(offset+w)] + grad_residual_out (if given), in acc.
+//   - grad_input = round-to-T(dh); grad_residual = round-to-R(dh) only when R != T (else absent: grad_input serves both). dw as for rms_norm.
+//   layer_norm (centred, bias) is unchanged.
 #pragma once
 
 #include <cmath>
@@ -24,6 +43,12 @@ struct Problem {
   RowLayout rows;                // how to find each row of `input`
   int64_t num_rows = 0;
   int64_t n = 0;                 // the normalised (last) dimension
+  // The uncentred norms' options (layer_norm keeps the defaults): the weight scales as
+  // (offset + weight), Gemma's 1 + weight; cast_before_weight rounds the normalised row to the
+  // output dtype before the weight multiply, as LLaMA-style models do.
+  double eps = 0;
+  double offset = 0;
+  bool cast_before_weight = false;
 
   bool empty() const { return num_rows == 0 || n == 0; }
   // The dtype of the affine parameters (weight and bias share it), else the input's.
@@ -32,7 +57,27 @@ struct Problem {
   }
 };
 
+// add_rms_norm's forward: `residual` (input's dtype, or float32 with 16-bit input) is added to
+// `input` first; the sum is rounded to residual's dtype, written to `residual_out` and
+// normalised. The output keeps input's dtype.
+struct AddProblem : Problem {
+  Tensor residual;
+  RowLayout residual_rows;
+};
+
+// What a forward writes. `out` is contiguous in input's dtype; `residual_out` (add_rms_norm)
+// is laid out by residual_out_rows: contiguous, or the residual itself for the in-place form.
+struct ForwardOutputs {
+  Tensor out;
+  std::optional<Tensor> mean;  // layer_norm only
+  Tensor rstd;
+  std::optional<Tensor> residual_out;
+  RowLayout residual_out_rows;
+};
+
 // The backward's inputs beyond the forward's: grad_output's rows and the saved statistics.
+// For add_rms_norm, `input` is the saved residual_out and grad_output has the forward output's
+// dtype (the forward input's), which may be narrower than residual_out's.
 struct BackwardProblem : Problem {
   Tensor grad_output;
   RowLayout grad_rows;
@@ -40,6 +85,22 @@ struct BackwardProblem : Problem {
   Tensor rstd;
   bool want_grad_weight = false;
   bool want_grad_bias = false;
+  // rms_norm's memory-saving backward: `input` holds the forward's output y, and the kernels
+  // recover xhat = y / (offset + weight) instead of x * rstd.
+  bool saved_is_output = false;
+  // add_rms_norm: the gradient reaching residual_out, added to the input gradient (absent: zero).
+  std::optional<Tensor> grad_residual_out;
+  RowLayout grad_residual_rows;
+};
+
+// What a backward writes: grad_input (contiguous, grad_output's dtype) and, for add_rms_norm
+// with a residual wider than the input, grad_residual (contiguous, residual_out's dtype; absent
+// when grad_input serves both). Parameter gradients are empty tensors when not wanted.
+struct BackwardOutputs {
+  Tensor grad_input;
+  std::optional<Tensor> grad_residual;
+  Tensor grad_weight;
+  Tensor grad_bias;
 };
 
 // Leading-dimension sizes of `t`, i.e. the shape of the per-row statistics.
@@ -80,34 +141,46 @@ inline Problem make_problem(const Tensor& input, const std::optional<Tensor>& we
   return p;
 }
 
-inline void check_input(const char* op, const Tensor& input) {
-  FUSEDOPS_CHECK(input.dim() >= 1, op, ": input must have at least 1 dimension, got a 0-dimensional tensor");
-  FUSEDOPS_CHECK(is_float_dtype(input.scalar_type()), op,
-                 ": input dtype must be float32, bfloat16, float16 or float64, got ",
-                 dtype_name(input.scalar_type()));
+inline bool is_narrow(ScalarType t) { return t == ScalarType::BFloat16 || t == ScalarType::Half; }
+
+// `name` is "input" (or "residual_out", the input of add_rms_norm's backward).
+inline void check_input(const char* op, const Tensor& input, const char* name = "input") {
+  FUSEDOPS_CHECK(input.dim() >= 1, op, ": ", name, " must have at least 1 dimension, got a 0-dimensional tensor");
+  FUSEDOPS_CHECK(is_float_dtype(input.scalar_type()), op, ": ", name,
+                 " dtype must be float32, bfloat16, float16 or float64, got ", dtype_name(input.scalar_type()));
 }
 
-// An affine parameter (`name` is "weight" or "bias"): (n,), in input's dtype or float32 with a
-// 16-bit input, on input's device.
-inline void check_param(const char* op, const char* name, const Tensor& input, const std::optional<Tensor>& param) {
-  if (!param.has_value()) return;
-  const Tensor& w = *param;
-  const int64_t n = input.size(-1);
-  FUSEDOPS_CHECK(w.dim() == 1 && w.size(0) == n, op, ": ", name, " must be a 1-D tensor of size ", n,
-                 " (the size of input's last dimension), got shape ", shape_str(w));
-  const ScalarType xt = input.scalar_type(), wt = w.scalar_type();
-  const bool narrow = xt == ScalarType::BFloat16 || xt == ScalarType::Half;
-  FUSEDOPS_CHECK(wt == xt || (narrow && wt == ScalarType::Float), op, ": ", name, " dtype ", dtype_name(wt),
-                 " does not go with input dtype ", dtype_name(xt),
-                 ": use the input's dtype, or float32 with bfloat16/float16 input");
-  FUSEDOPS_CHECK(same_device(w, input), op, ": ", name, " is on ", device_str(w), " but input is on ",
+// A tensor that goes with `input` element for element: same shape and device, and `dtype_ok`.
+inline void check_like_input(const char* op, const char* name, const Tensor& t, const char* input_name,
+                             const Tensor& input, bool dtype_ok, const char* dtype_rule) {
+  FUSEDOPS_CHECK(shape_of(t) == shape_of(input), op, ": ", name, " shape ", shape_str(t), " does not match ",
+                 input_name, " shape ", shape_str(input));
+  FUSEDOPS_CHECK(dtype_ok, op, ": ", name, " dtype ", dtype_name(t.scalar_type()), " does not go with ",
+                 input_name, " dtype ", dtype_name(input.scalar_type()), dtype_rule);
+  FUSEDOPS_CHECK(same_device(t, input), op, ": ", name, " is on ", device_str(t), " but ", input_name, " is on ",
                  device_str(input));
 }
 
-inline void check_params(const char* op, const Tensor& input, const std::optional<Tensor>& weight,
+// An affine parameter (`name` is "weight" or "bias"): (n,), in the dtype `like` (the input, or
+// the output for add_rms_norm's backward) or float32 with a 16-bit `like`, on its device.
+inline void check_param(const char* op, const char* name, const Tensor& like, const std::optional<Tensor>& param) {
+  if (!param.has_value()) return;
+  const Tensor& w = *param;
+  const int64_t n = like.size(-1);
+  FUSEDOPS_CHECK(w.dim() == 1 && w.size(0) == n, op, ": ", name, " must be a 1-D tensor of size ", n,
+                 " (the size of input's last dimension), got shape ", shape_str(w));
+  const ScalarType xt = like.scalar_type(), wt = w.scalar_type();
+  FUSEDOPS_CHECK(wt == xt || (is_narrow(xt) && wt == ScalarType::Float), op, ": ", name, " dtype ", dtype_name(wt),
+                 " does not go with input dtype ", dtype_name(xt),
+                 ": use the input's dtype, or float32 with bfloat16/float16 input");
+  FUSEDOPS_CHECK(same_device(w, like), op, ": ", name, " is on ", device_str(w), " but input is on ",
+                 device_str(like));
+}
+
+inline void check_params(const char* op, const Tensor& like, const std::optional<Tensor>& weight,
                          const std::optional<Tensor>& bias) {
-  check_param(op, "weight", input, weight);
-  check_param(op, "bias", input, bias);
+  check_param(op, "weight", like, weight);
+  check_param(op, "bias", like, bias);
   if (weight && bias)
     FUSEDOPS_CHECK(weight->scalar_type() == bias->scalar_type(), op, ": bias dtype ",
                    dtype_name(bias->scalar_type()), " does not match weight dtype ",
@@ -118,48 +191,41 @@ inline void check_eps(const char* op, double eps) {
   FUSEDOPS_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be a finite number >= 0, got ", eps);
 }
 
+inline void check_offset(const char* op, double offset, const std::optional<Tensor>& weight) {
+  FUSEDOPS_CHECK(std::isfinite(offset), op, ": offset must be a finite number, got ", offset);
+  FUSEDOPS_CHECK(offset == 0 || weight.has_value(), op, ": offset scales the weight (offset + weight), so it needs a weight; got offset ",
+                 offset, " without one");
+}
+
+// layer_norm, or rms_norm with its options.
 inline Problem forward_problem(const char* op, const Tensor& input, const std::optional<Tensor>& weight,
-                               const std::optional<Tensor>& bias, double eps) {
+                               const std::optional<Tensor>& bias, double eps, double offset = 0,
+                               bool cast_before_weight = false) {
   check_input(op, input);
   check_params(op, input, weight, bias);
   check_eps(op, eps);
-  return make_problem(input, weight, bias);
+  check_offset(op, offset, weight);
+  Problem p = make_problem(input, weight, bias);
+  p.eps = eps;
+  p.offset = offset;
+  p.cast_before_weight = cast_before_weight;
+  return p;
 }
 
-// A saved statistic (`name`: "rstd" or "mean") as the forward op `forward_op` returned it.
-inline void check_stat(const char* op, const char* forward_op, const char* name, const Tensor& input,
-                       const Tensor& stat) {
-  const ScalarType acc = acc_dtype(input.scalar_type());
-  FUSEDOPS_CHECK(shape_of(stat) == row_shape(input) && stat.scalar_type() == acc, op, ": ", name, " must be a ",
-                 dtype_name(acc), " tensor of input's leading shape (as returned by ", forward_op, "), got ",
-                 dtype_name(stat.scalar_type()), " of shape ", shape_str(stat));
-  FUSEDOPS_CHECK(same_device(stat, input), op, ": ", name, " is on ", device_str(stat), " but input is on ",
-                 device_str(input));
+// The residual of add_rms_norm: input's dtype, or float32 under a 16-bit input.
+inline bool residual_dtype_ok(ScalarType residual, ScalarType input) {
+  return residual == input || (is_narrow(input) && residual == ScalarType::Float);
 }
+constexpr const char* kResidualDtypeRule = ": use the input's dtype, or float32 with bfloat16/float16 input";
 
-// Checks the backward arguments against each other.
-inline BackwardProblem backward_problem(const char* op, const char* forward_op, const Tensor& grad_output,
-                                        const Tensor& input, const std::optional<Tensor>& weight,
-                                        const std::optional<Tensor>& bias, const std::optional<Tensor>& mean,
-                                        const Tensor& rstd, bool weight_requires_grad, bool bias_requires_grad) {
-  check_input(op, input);
-  check_params(op, input, weight, bias);
-  FUSEDOPS_CHECK(shape_of(grad_output) == shape_of(input), op, ": grad_output shape ",
-                 shape_str(grad_output), " does not match input shape ", shape_str(input));
-  FUSEDOPS_CHECK(grad_output.scalar_type() == input.scalar_type(), op, ": grad_output dtype ",
-                 dtype_name(grad_output.scalar_type()), " does not match input dtype ",
-                 dtype_name(input.scalar_type()));
-  FUSEDOPS_CHECK(same_device(grad_output, input), op, ": grad_output is on ", device_str(grad_output),
-                 " but input is on ", device_str(input));
-  if (mean) check_stat(op, forward_op, "mean", input, *mean);
-  check_stat(op, forward_op, "rstd", input, rstd);
-  BackwardProblem p;
-  static_cast<Problem&>(p) = make_problem(input, weight, bias);
-  p.grad_output = with_row_layout(grad_output, p.grad_rows);
-  if (mean) p.mean = as_contiguous(*mean);
-  p.rstd = as_contiguous(rstd);
-  p.want_grad_weight = weight.has_value() && weight_requires_grad;
-  p.want_grad_bias = bias.has_value() && bias_requires_grad;
+inline AddProblem add_forward_problem(const char* op, const Tensor& input, const Tensor& residual,
+                                      const std::optional<Tensor>& weight, double eps, double offset,
+                                      bool cast_before_weight) {
+  AddProblem p;
+  static_cast<Problem&>(p) = forward_problem(op, input, weight, std::nullopt, eps, offset, cast_before_weight);
+  check_like_input(op, "residual", residual, "input", input,
+                   residual_dtype_ok(residual.scalar_type(), input.scalar_type()), kResidualDtypeRule);
+  p.residual = with_row_layout(residual, p.residual_rows);
   return p;
 }
 
@@ -173,6 +239,136 @@ inline Tensor row_stat(const Tensor& input) {
   return empty_like_device(input, row_shape(input), acc_dtype(input.scalar_type()));
 }
 
+// The statistics of empty rows (n == 0): mean 0 and variance 0.
+inline void fill_empty_row_stats(const Problem& p, ForwardOutputs& o) {
+  if (p.num_rows == 0 || p.n != 0) return;
+  torch::stable::fill_(o.rstd, 1.0 / std::sqrt(p.eps));
+  if (o.mean) torch::stable::zero_(*o.mean);
+}
+
+// The outputs of rms_norm / layer_norm (`centered`: with the row means).
+inline ForwardOutputs forward_outputs(const Problem& p, bool centered) {
+  ForwardOutputs o;
+  o.out = output_like(p.input);
+  o.rstd = row_stat(p.input);
+  if (centered) o.mean = row_stat(p.input);
+  fill_empty_row_stats(p, o);
+  return o;
+}
+
+// Whether rows laid out by `rows`, each of n contiguous elements, may share memory (an expanded
+// view, say). Sorted by stride, each dimension must step over everything inside it; a layout
+// that fails this without overlapping is possible but exotic, and is refused too.
+inline bool rows_may_overlap(const RowLayout& rows, int64_t n) {
+  int order[RowLayout::kMaxDims] = {};
+  for (int d = 0; d < rows.ndim; ++d) {  // insertion sort by stride
+    int i = d;
+    for (; i > 0 && rows.strides[order[i - 1]] > rows.strides[d]; --i) order[i] = order[i - 1];
+    order[i] = d;
+  }
+  int64_t extent = n;
+  for (int i = 0; i < rows.ndim; ++i) {
+    const int d = order[i];
+    if (rows.strides[d] < extent) return true;
+    extent += rows.strides[d] * (rows.sizes[d] - 1);
+  }
+  return false;
+}
+
+// The outputs of add_rms_norm: with `in_place`, residual_out is `residual` itself (which the
+// caller copies back into the user's tensor with finish_in_place when p.residual is a copy).
+inline ForwardOutputs add_forward_outputs(const AddProblem& p, bool in_place, const char* op) {
+  if (in_place)
+    // Rows sharing memory would be written by several threads at once (torch's in-place ops
+    // refuse such tensors too).
+    FUSEDOPS_CHECK(p.empty() || !rows_may_overlap(p.residual_rows, p.n), op,
+                   ": residual has rows that share memory (an expanded tensor?), so it cannot be written in place; "
+                   "pass a contiguous residual");
+  ForwardOutputs o = forward_outputs(p, false);
+  if (in_place) {
+    o.residual_out = p.residual;
+    o.residual_out_rows = p.residual_rows;
+  } else {
+    o.residual_out = empty_like_device(p.input, shape_of(p.residual), p.residual.scalar_type());
+    collapse_rows(*o.residual_out, o.residual_out_rows);
+  }
+  return o;
+}
+
+// add_rms_norm_: when the residual could not be updated where it lies (its rows needed a
+// contiguous copy), copies the result back into it.
+inline void finish_in_place(Tensor residual, const ForwardOutputs& o) {
+  if (o.residual_out->get() != residual.get()) torch::stable::copy_(residual, *o.residual_out);
+}
+
+// A saved statistic (`name`: "rstd" or "mean") as the forward op `forward_op` returned it.
+inline void check_stat(const char* op, const char* forward_op, const char* name, const Tensor& input,
+                       const Tensor& stat) {
+  const ScalarType acc = acc_dtype(input.scalar_type());
+  FUSEDOPS_CHECK(shape_of(stat) == row_shape(input) && stat.scalar_type() == acc, op, ": ", name, " must be a ",
+                 dtype_name(acc), " tensor of input's leading shape (as returned by ", forward_op, "), got ",
+                 dtype_name(stat.scalar_type()), " of shape ", shape_str(stat));
+  FUSEDOPS_CHECK(same_device(stat, input), op, ": ", name, " is on ", device_str(stat), " but input is on ",
+                 device_str(input));
+}
+
+// Checks the backward arguments against each other. `input` is what the forward saved: its
+// input, or (rms_norm with saved_is_output) its output.
+inline BackwardProblem backward_problem(const char* op, const char* forward_op, const Tensor& grad_output,
+                                        const Tensor& input, const std::optional<Tensor>& weight,
+                                        const std::optional<Tensor>& bias, const std::optional<Tensor>& mean,
+                                        const Tensor& rstd, bool weight_requires_grad, bool bias_requires_grad,
+                                        double offset = 0, bool saved_is_output = false) {
+  const char* saved_name = saved_is_output ? "output" : "input";
+  check_input(op, input, saved_name);
+  check_params(op, input, weight, bias);
+  check_offset(op, offset, weight);
+  check_like_input(op, "grad_output", grad_output, saved_name, input,
+                   grad_output.scalar_type() == input.scalar_type(), "");
+  if (mean) check_stat(op, forward_op, "mean", input, *mean);
+  check_stat(op, forward_op, "rstd", input, rstd);
+  BackwardProblem p;
+  static_cast<Problem&>(p) = make_problem(input, weight, bias);
+  p.offset = offset;
+  p.saved_is_output = saved_is_output;
+  p.grad_output = with_row_layout(grad_output, p.grad_rows);
+  if (mean) p.mean = as_contiguous(*mean);
+  p.rstd = as_contiguous(rstd);
+  p.want_grad_weight = weight.has_value() && weight_requires_grad;
+  p.want_grad_bias = bias.has_value() && bias_requires_grad;
+  return p;
+}
+
+// add_rms_norm's backward: `residual_out` is what the forward saved; grad_output has the
+// forward output's dtype (residual_out's, or narrower under a float32 residual), which is also
+// the dtype the weight goes with.
+inline BackwardProblem add_backward_problem(const char* op, const Tensor& grad_output,
+                                            const std::optional<Tensor>& grad_residual_out,
+                                            const Tensor& residual_out, const std::optional<Tensor>& weight,
+                                            const Tensor& rstd, double offset, bool weight_requires_grad) {
+  check_input(op, residual_out, "residual_out");
+  FUSEDOPS_CHECK(is_float_dtype(grad_output.scalar_type()), op,
+                 ": grad_output dtype must be float32, bfloat16, float16 or float64, got ",
+                 dtype_name(grad_output.scalar_type()));
+  check_like_input(op, "grad_output", grad_output, "residual_out", residual_out,
+                   residual_dtype_ok(residual_out.scalar_type(), grad_output.scalar_type()),
+                   ": it must be residual_out's dtype, or bfloat16/float16 under a float32 residual_out");
+  if (grad_residual_out)
+    check_like_input(op, "grad_residual_out", *grad_residual_out, "residual_out", residual_out,
+                     grad_residual_out->scalar_type() == residual_out.scalar_type(), "");
+  check_params(op, grad_output, weight, std::nullopt);
+  check_offset(op, offset, weight);
+  check_stat(op, "add_rms_norm", "rstd", residual_out, rstd);
+  BackwardProblem p;
+  static_cast<Problem&>(p) = make_problem(residual_out, weight, std::nullopt);
+  p.offset = offset;
+  p.grad_output = with_row_layout(grad_output, p.grad_rows);
+  if (grad_residual_out) p.grad_residual_out = with_row_layout(*grad_residual_out, p.grad_residual_rows);
+  p.rstd = as_contiguous(rstd);
+  p.want_grad_weight = weight.has_value() && weight_requires_grad;
+  return p;
+}
+
 // The gradient of an affine parameter: (n,) in its dtype when wanted (zeros if there is nothing
 // to sum), else an empty tensor.
 inline Tensor param_grad(const BackwardProblem& p, const std::optional<Tensor>& param, bool wanted) {
@@ -180,6 +376,17 @@ inline Tensor param_grad(const BackwardProblem& p, const std::optional<Tensor>& 
   Tensor g = empty_like_device(p.input, {p.n}, param->scalar_type());
   if (p.empty()) torch::stable::zero_(g);
   return g;
+}
+
+// grad_input in grad_output's dtype; grad_residual only where add_rms_norm's residual_out is
+// wider than grad_output (otherwise grad_input is the gradient of both).
+inline BackwardOutputs backward_outputs(const BackwardProblem& p) {
+  BackwardOutputs o;
+  o.grad_input = empty_like_device(p.input, shape_of(p.input), p.grad_output.scalar_type());
+  if (p.grad_output.scalar_type() != p.input.scalar_type()) o.grad_residual = output_like(p.input);
+  o.grad_weight = param_grad(p, p.weight, p.want_grad_weight);
+  o.grad_bias = param_grad(p, p.bias, p.want_grad_bias);
+  return o;
 }
 
 }  // namespace fusedops::norm

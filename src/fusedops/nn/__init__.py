@@ -1,6 +1,7 @@
 """Drop-in modules backed by fusedops ops."""
 
+from .add_rms_norm import AddRMSNorm
 from .layer_norm import LayerNorm
 from .rms_norm import RMSNorm
 
-__all__ = ["LayerNorm", "RMSNorm"]
+__all__ = ["AddRMSNorm", "LayerNorm", "RMSNorm"]

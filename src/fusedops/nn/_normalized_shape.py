@@ -12,8 +12,9 @@ def apply_over_trailing(
     normalized_shape: Sequence[int],
     params: Sequence[Optional[Tensor]],
     eps: float,
+    options: Sequence = (),
 ) -> Tensor:
-    """``norm(input, *params, eps)`` over the trailing ``normalized_shape`` of ``input``: those
+    """``norm(input, *params, eps, *options)`` over the trailing ``normalized_shape`` of ``input``: those
     dimensions are flattened into one (a copy only if they cannot be viewed as one), the
     parameters likewise, and the result is viewed back to ``input``'s shape."""
     k = len(normalized_shape)
@@ -23,7 +24,7 @@ def apply_over_trailing(
             f"normalized_shape {list(normalized_shape)}"
         )
     if k == 1:
-        return norm(input, *params, eps)
+        return norm(input, *params, eps, *options)
     flat = input.reshape(*input.shape[:-k], -1)
     flat_params = [None if p is None else p.reshape(-1) for p in params]
-    return norm(flat, *flat_params, eps).view(input.shape)
+    return norm(flat, *flat_params, eps, *options).view(input.shape)

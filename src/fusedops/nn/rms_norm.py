@@ -17,9 +17,14 @@ class RMSNorm(torch.nn.Module):
     As in torch, ``eps=None`` means ``torch.finfo(input.dtype).eps``. A ``normalized_shape`` of
     several dimensions normalises over all of them (those trailing dimensions are flattened into
     one, which copies only if they cannot be viewed as one).
+
+    Beyond torch's arguments (keyword-only): ``offset`` (the weight scales as ``offset +
+    weight``; Gemma uses 1.0, and the weight then starts at ``1 - offset`` so the initial scale
+    is 1), ``cast_before_weight`` (LLaMA's casting) and ``save_output`` (the memory-saving
+    backward); see :func:`fusedops.rms_norm`.
     """
 
-    __constants__ = ["normalized_shape", "eps", "elementwise_affine"]
+    __constants__ = ["normalized_shape", "eps", "elementwise_affine", "offset", "cast_before_weight", "save_output"]
 
     def __init__(
         self,
@@ -28,8 +33,15 @@ class RMSNorm(torch.nn.Module):
         elementwise_affine: bool = True,
         device=None,
         dtype=None,
+        *,
+        offset: float = 0.0,
+        cast_before_weight: bool = False,
+        save_output: bool = False,
     ) -> None:
         super().__init__()
+        self.offset = float(offset)
+        self.cast_before_weight = bool(cast_before_weight)
+        self.save_output = bool(save_output)
         if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
         self.normalized_shape = tuple(normalized_shape)
@@ -43,11 +55,17 @@ class RMSNorm(torch.nn.Module):
 
     def reset_parameters(self) -> None:
         if self.weight is not None:
-            torch.nn.init.ones_(self.weight)
+            torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, input: Tensor) -> Tensor:
         eps = torch.finfo(input.dtype).eps if self.eps is None else self.eps
-        return apply_over_trailing(rms_norm, "RMSNorm", input, self.normalized_shape, (self.weight,), eps)
+        options = (self.offset, self.cast_before_weight, self.save_output)
+        return apply_over_trailing(rms_norm, "RMSNorm", input, self.normalized_shape, (self.weight,), eps, options)
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        extra = "".join(
+            f", {name}={getattr(self, name)}"
+            for name, default in (("offset", 0.0), ("cast_before_weight", False), ("save_output", False))
+            if getattr(self, name) != default
+        )
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}{extra}"

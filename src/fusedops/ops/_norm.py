@@ -1,4 +1,4 @@
-"""Argument checks shared by the row normalisations (rms_norm, layer_norm): the same checks, in
+"""Argument checks shared by the row normalisations (rms_norm, add_rms_norm, layer_norm): the same checks, in
 the same words, as csrc/include/fusedops/norm.h, for the fake kernels, the Triton kernels and
 the public functions' prechecks."""
 
@@ -27,13 +27,26 @@ def _same_device(a, b):
     return a.is_cuda == b.is_cuda and a.is_meta == b.is_meta and a.get_device() == b.get_device()
 
 
-def check_input(op, input):
+def check_input(op, input, name="input"):
     if input.dim() < 1:
-        raise ValueError(f"{op}: input must have at least 1 dimension, got a 0-dimensional tensor")
+        raise ValueError(f"{op}: {name} must have at least 1 dimension, got a 0-dimensional tensor")
     if input.dtype not in FLOAT_DTYPES:
         raise ValueError(
-            f"{op}: input dtype must be float32, bfloat16, float16 or float64, got {dtype_name(input.dtype)}"
+            f"{op}: {name} dtype must be float32, bfloat16, float16 or float64, got {dtype_name(input.dtype)}"
         )
+
+
+def check_like_input(op, name, t, input_name, input, dtype_ok, dtype_rule=""):
+    """A tensor that goes with `input` element for element: same shape and device, `dtype_ok`."""
+    if t.shape != input.shape:
+        raise ValueError(f"{op}: {name} shape {shape_str(t)} does not match {input_name} shape {shape_str(input)}")
+    if not dtype_ok:
+        raise ValueError(
+            f"{op}: {name} dtype {dtype_name(t.dtype)} does not go with {input_name} dtype "
+            f"{dtype_name(input.dtype)}{dtype_rule}"
+        )
+    if not _same_device(t, input):
+        raise ValueError(f"{op}: {name} is on {t.device} but {input_name} is on {input.device}")
 
 
 def param_dtype_ok(input_dtype, dtype):
@@ -73,10 +86,51 @@ def check_eps(op, eps):
         raise ValueError(f"{op}: eps must be a finite number >= 0, got {eps:g}")
 
 
-def check_forward(op, input, weight, bias, eps):
+def check_offset(op, offset, weight):
+    if not math.isfinite(offset):
+        raise ValueError(f"{op}: offset must be a finite number, got {offset:g}")
+    if offset != 0 and weight is None:
+        raise ValueError(
+            f"{op}: offset scales the weight (offset + weight), so it needs a weight; got offset {offset:g} without one"
+        )
+
+
+def check_forward(op, input, weight, bias, eps, offset=0.0):
     check_input(op, input)
     check_params(op, input, weight, bias)
     check_eps(op, eps)
+    check_offset(op, offset, weight)
+
+
+def residual_dtype_ok(residual_dtype, input_dtype):
+    """add_rms_norm's residual: input's dtype, or float32 under a 16-bit input."""
+    return residual_dtype == input_dtype or (input_dtype in NARROW and residual_dtype == torch.float32)
+
+
+RESIDUAL_DTYPE_RULE = ": use the input's dtype, or float32 with bfloat16/float16 input"
+
+
+def rows_may_overlap(t):
+    """Whether rows of `t` (the last dimension contiguous) may share memory: sorted by stride,
+    each leading dimension must step over everything inside it (norm.h's rule)."""
+    extent = t.shape[-1]
+    for size, stride in sorted(((s, st) for s, st in zip(t.shape[:-1], t.stride()[:-1]) if s > 1), key=lambda d: d[1]):
+        if stride < extent:
+            return True
+        extent += stride * (size - 1)
+    return False
+
+
+def check_add_forward(op, input, residual, weight, eps, offset, in_place=False):
+    check_forward(op, input, weight, None, eps, offset)
+    check_like_input(
+        op, "residual", residual, "input", input, residual_dtype_ok(residual.dtype, input.dtype), RESIDUAL_DTYPE_RULE
+    )
+    if in_place and residual.numel() > 0 and rows_may_overlap(residual):
+        raise ValueError(
+            f"{op}: residual has rows that share memory (an expanded tensor?), so it cannot be written in place; "
+            "pass a contiguous residual"
+        )
 
 
 def check_stat(op, forward_op, name, input, stat):
@@ -90,23 +144,37 @@ def check_stat(op, forward_op, name, input, stat):
         raise ValueError(f"{op}: {name} is on {stat.device} but input is on {input.device}")
 
 
-def check_backward(op, forward_op, grad_output, input, weight, bias, mean, rstd):
-    check_input(op, input)
+def check_backward(op, forward_op, grad_output, input, weight, bias, mean, rstd, offset=0.0, saved_is_output=False):
+    """`input` is what the forward saved: its input or, with saved_is_output, its output."""
+    saved_name = "output" if saved_is_output else "input"
+    check_input(op, input, saved_name)
     check_params(op, input, weight, bias)
-    if grad_output.shape != input.shape:
-        raise ValueError(
-            f"{op}: grad_output shape {shape_str(grad_output)} does not match input shape {shape_str(input)}"
-        )
-    if grad_output.dtype != input.dtype:
-        raise ValueError(
-            f"{op}: grad_output dtype {dtype_name(grad_output.dtype)} does not match input dtype "
-            f"{dtype_name(input.dtype)}"
-        )
-    if grad_output.device != input.device:
-        raise ValueError(f"{op}: grad_output is on {grad_output.device} but input is on {input.device}")
+    check_offset(op, offset, weight)
+    check_like_input(op, "grad_output", grad_output, saved_name, input, grad_output.dtype == input.dtype)
     if mean is not None:
         check_stat(op, forward_op, "mean", input, mean)
     check_stat(op, forward_op, "rstd", input, rstd)
+
+
+def check_add_backward(op, grad_output, grad_residual_out, residual_out, weight, rstd, offset):
+    check_input(op, residual_out, "residual_out")
+    if grad_output.dtype not in FLOAT_DTYPES:
+        raise ValueError(
+            f"{op}: grad_output dtype must be float32, bfloat16, float16 or float64, got {dtype_name(grad_output.dtype)}"
+        )
+    check_like_input(
+        op, "grad_output", grad_output, "residual_out", residual_out,
+        residual_dtype_ok(residual_out.dtype, grad_output.dtype),
+        ": it must be residual_out's dtype, or bfloat16/float16 under a float32 residual_out",
+    )
+    if grad_residual_out is not None:
+        check_like_input(
+            op, "grad_residual_out", grad_residual_out, "residual_out", residual_out,
+            grad_residual_out.dtype == residual_out.dtype,
+        )
+    check_params(op, grad_output, weight)
+    check_offset(op, offset, weight)
+    check_stat(op, "add_rms_norm", "rstd", residual_out, rstd)
 
 
 # ---- fake outputs ----------------------------------------------------------------------------

@@ -19,7 +19,6 @@ neither the input's nor float32 is cast to the input's dtype.
 
 import torch
 
-from .. import _native
 from . import _direct, _norm
 
 forward = torch.ops.fusedops.layer_norm.default
@@ -140,7 +139,7 @@ _lib.impl("layer_norm", _autocast, "AutocastCPU")
 _lib.impl("layer_norm", _autocast, "AutocastCUDA")
 
 
-# ---- Triton for CUDA tensors, when the CUDA kernels are not loaded ---------------------------
+# ---- Triton, for CUDA tensors when the CUDA kernels do not serve them (ops/__init__.py) -------
 
 
 def _triton_forward(input, weight, bias, eps):
@@ -159,6 +158,4 @@ def _triton_backward(grad_output, input, weight, bias, mean, rstd, weight_requir
     )
 
 
-if _native.cuda_backend == "triton":
-    _lib.impl("layer_norm", _triton_forward, "CUDA")
-    _lib.impl("layer_norm_backward", _triton_backward, "CUDA")
+TRITON_IMPLS = {"layer_norm": _triton_forward, "layer_norm_backward": _triton_backward}

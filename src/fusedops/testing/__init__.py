@@ -55,14 +55,28 @@ class OpTestInfo:
     dtypes: Tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
     tol: Dict[torch.dtype, Tolerance] = field(default_factory=dict)
     grad_tol: Dict[torch.dtype, Tolerance] = field(default_factory=dict)
-    # triton kernels: (forward_fn, backward_fn) with the registered ops' signatures
-    triton_kernels: Optional[Callable[[], Tuple[Callable, Callable]]] = None
     # inputs of `public` that carry gradients, by position
     grad_argnums: Tuple[int, ...] = (0,)
     # (device) -> [(autocast dtype, Sample)] and the checker of one result under autocast
     autocast_check: Optional[Callable[..., None]] = None
     # torch's own implementation with `public`'s signature (for `python -m fusedops`'s timing)
     torch_equivalent: Optional[Callable] = None
+    # `public` returns one tensor per entry (a tuple when more than one), each in the dtype of
+    # the argument at that position
+    output_dtype_argnums: Tuple[int, ...] = (0,)
+    # other forms of the op (an in-place variant, say) that opcheck covers on every sample:
+    # (OpOverload, sample -> its args)
+    variant_ops: Sequence[Tuple[Any, Callable[[Sample], Tuple[Any, ...]]]] = ()
+
+
+def outputs_of(result) -> Tuple[torch.Tensor, ...]:
+    """The public function's result as a tuple of tensors."""
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def grads_for(outputs: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
+    """Fresh random incoming gradients, one per output."""
+    return tuple(torch.randn_like(o) for o in outputs)
 
 
 def check_against_reference(info: OpTestInfo, sample: Sample, dtype: torch.dtype) -> None:
@@ -70,21 +84,26 @@ def check_against_reference(info: OpTestInfo, sample: Sample, dtype: torch.dtype
     dtype's tolerances; raises AssertionError naming the sample otherwise. Gradients (which
     grow with the number of rows summed) are compared relative to their largest element."""
     tol, gtol = info.tol[dtype], info.grad_tol[dtype]
-    out = info.public(*sample.args)
+    outs = outputs_of(info.public(*sample.args))
     ref_args = tuple(
         a.detach().double().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
         for a in sample.args
     )
-    ref = info.reference(*ref_args)
-    assert out.dtype == sample.args[0].dtype, f"{info.name} {sample.desc}: output dtype {out.dtype}"
-    assert out.shape == ref.shape, f"{info.name} {sample.desc}: output shape {tuple(out.shape)}"
-    _assert_close(out, ref, tol, f"{info.name} forward {sample.desc}")
+    refs = outputs_of(info.reference(*ref_args))
+    assert len(outs) == len(refs) == len(info.output_dtype_argnums), f"{info.name} {sample.desc}: outputs"
+    for k, (out, ref, argnum) in enumerate(zip(outs, refs, info.output_dtype_argnums)):
+        what = f"{info.name} {sample.desc} output {k}"
+        assert out.dtype == sample.args[argnum].dtype, f"{what}: dtype {out.dtype}"
+        assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)}"
+        _assert_close(out, ref, tol, f"{what} (forward)")
     wrt = [i for i in info.grad_argnums if isinstance(sample.args[i], torch.Tensor) and sample.args[i].requires_grad]
     if not wrt:
         return
-    grad_out = torch.randn_like(out)
-    grads = torch.autograd.grad(out, [sample.args[i] for i in wrt], grad_out, allow_unused=True)
-    ref_grads = torch.autograd.grad(ref, [ref_args[i] for i in wrt], grad_out.double(), allow_unused=True)
+    grad_outs = grads_for(outs)
+    grads = torch.autograd.grad(outs, [sample.args[i] for i in wrt], grad_outs, allow_unused=True)
+    ref_grads = torch.autograd.grad(
+        refs, [ref_args[i] for i in wrt], [g.double() for g in grad_outs], allow_unused=True
+    )
     for i, g, rg in zip(wrt, grads, ref_grads):
         t = sample.args[i]
         if rg is None:
@@ -101,8 +120,9 @@ def _assert_close(actual, expected, tol, what):
     )
 
 
+from . import add_rms_norm as _add_rms_norm  # noqa: E402
 from . import layer_norm as _layer_norm  # noqa: E402
 from . import rms_norm as _rms_norm  # noqa: E402
 
-OP_TESTS = [_rms_norm.INFO, _layer_norm.INFO]
+OP_TESTS = [_rms_norm.INFO, _add_rms_norm.INFO, _layer_norm.INFO]
 OP_TESTS_BY_NAME = {info.name: info for info in OP_TESTS}

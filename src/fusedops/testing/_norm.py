@@ -8,6 +8,8 @@ from . import Tolerance
 # vectors per thread, and one wide enough for the sweeping kernels on the GPU.
 SHAPES = [(1, 8), (5, 32), (3, 7, 64), (17, 100), (4, 1), (2, 1000), (3, 4104), (2, 1, 20000)]
 EDGE_SHAPES = [(0, 16), (2, 0, 8), (3, 0), (16,)]
+# Fewer shapes for each option combination: one row, an odd width, and a wide sweeping row.
+OPTION_SHAPES = [(1, 64), (3, 5, 136), (2, 20000)]
 
 
 def dtype_name(dtype):
@@ -21,6 +23,13 @@ def param_dtypes(dtype):
 
 def param(n, dtype, device, requires_grad, mean=0.0):
     return (mean + torch.randn(n, dtype=dtype, device=device)).requires_grad_(requires_grad)
+
+
+def param_away_from(n, dtype, device, requires_grad, value):
+    """A random parameter none of whose elements is within 0.5 of `value`."""
+    magnitude = 0.5 + torch.rand(n, device=device, dtype=torch.float64)
+    sign = torch.where(torch.rand(n, device=device) < 0.5, -1.0, 1.0).to(torch.float64)
+    return (value + sign * magnitude).to(dtype).requires_grad_(requires_grad)
 
 
 def scaled_rows(dtype, device, requires_grad, rows=6, n=48, offset=0.0):

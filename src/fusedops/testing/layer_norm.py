@@ -114,12 +114,6 @@ def backward_args(sample, outputs, grad_output):
     return (grad_output, x, w, b, mean.detach(), rstd.detach(), w is not None, b is not None)
 
 
-def _triton_kernels():
-    from fusedops.triton import layer_norm as k
-
-    return k.layer_norm_forward, k.layer_norm_backward
-
-
 INFO = OpTestInfo(
     name="layer_norm",
     op=_op.forward,
@@ -134,7 +128,6 @@ INFO = OpTestInfo(
     dtypes=(torch.float32, torch.bfloat16, torch.float16),
     tol=_norm.TOL,
     grad_tol=_norm.GRAD_TOL,
-    triton_kernels=_triton_kernels,
     grad_argnums=(0, 1, 2),
     autocast_check=check_autocast,
     torch_equivalent=lambda x, w, b, eps: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, eps),

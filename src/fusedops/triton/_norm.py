@@ -28,6 +28,41 @@ do no work for layer_norm (they were checked to compile to the same sm_90a
 machine code, instruction for instruction, as the rms_norm-only kernels that
 these replace).
 
+Options
+-------
+Each sits behind a constexpr of its own and is off for plain rms_norm and
+layer_norm, whose specialisations therefore do none of this work (with the
+options added, they were checked again to compile to the same sm_90a code as
+before, modulo the offsets of the kernel parameters):
+
+* ``offset`` (``W_OFFSET``): the weight applied is ``offset + w[j]``, formed in
+  ``acc`` (offset 1 for weights stored as deviations from 1, Gemma style), so
+  ``y = xhat * (offset + w) + b`` and ``g = dy * (offset + w)``; ``dw`` is
+  unchanged.  Without a weight the offset must be 0.  Like ``eps``, it reaches
+  the kernels as an fp32 (hi, lo) pair, so a float64 accumulator sees it
+  unrounded.
+* ``cast_before_weight`` (``CAST_XHAT``): ``xhat`` is rounded to the input dtype
+  (and back to ``acc``) before the weight and bias are applied: normalise in
+  fp32, cast to the activation dtype, then scale, as HF LLaMA does.  The
+  backward treats that rounding as the identity (it has no such flag).  It is
+  switched off where it cannot change the output: fp32 / fp64 input, or
+  neither weight nor bias.
+* a residual (``HAS_RESIDUAL``): the row normalised is
+  ``h = round_R(x + residual)``, the sum taken in ``acc`` and rounded to the
+  residual's dtype ``R`` (the input's, or float32 with 16-bit input), which is
+  written to ``residual_out``.  The statistics are those of the rounded ``h``,
+  so ``y`` is exactly the normalisation of ``residual_out``.  The backward
+  takes ``residual_out`` as its saved row; ``grad_residual_out`` is added to
+  ``dx`` (``ADD_GRAD_RESIDUAL``), which is stored in grad_output's dtype and,
+  when ``R`` differs (``STORE_GRAD_RESIDUAL``), a second time in ``R``: ``dx`` is
+  the gradient of both addends.
+* a saved output (``SAVED_IS_OUTPUT``, rms_norm only): the backward is handed
+  ``y`` in place of ``x`` (so that a caller need not keep ``x`` alive) and
+  recovers ``xhat = y / (offset + w)`` (``y`` itself without a weight); ``rstd``
+  is still read for ``dx``.  ``y`` has been rounded to the input dtype (and,
+  with ``cast_before_weight``, ``xhat`` before it), so this ``xhat`` carries that
+  rounding error; a zero ``offset + w[j]`` makes column ``j``'s gradients NaN.
+
 Launch strategy
 ---------------
 * Rows that fit in registers (``next_power_of_2(N)`` up to ``_FWD_FUSED_MAX_N`` /
@@ -40,7 +75,10 @@ Launch strategy
   sweeps it in chunks, two sweeps for rms_norm (sum of squares, normalise) and
   three for layer_norm (sum, squared deviations, normalise), each in the
   opposite direction to the one before so that it starts on the chunks most
-  likely to still be in L1/L2.  The backward first computes the row statistics
+  likely to still be in L1/L2.  With a residual, the first sweep reads ``x``
+  and the residual and writes ``h``; the later ones read ``h`` back from
+  ``residual_out`` (after a barrier, since other threads of the program stored
+  parts of it).  The backward first computes the row statistics
   ``mean_j(g * xhat)`` (and ``mean_j(g)``) in a small kernel, then a 2-D grid
   (row group x column chunk) computes ``dx`` and the parameter-gradient
   partials.
@@ -69,9 +107,18 @@ collapse (merging adjacent dimensions that are contiguous with respect to each
 other and dropping size-1 dimensions) to at most two dimensions; the row offset is
 then computed in the kernel with 64-bit arithmetic.  A contiguous copy of
 ``input`` / ``grad_output`` is made only when the last dimension is not unit-stride
-(and N > 1) or when three or more leading dimensions remain after collapsing.  A
-non-contiguous ``weight`` or ``bias`` is copied (it is only N elements).  Outputs
-are always freshly allocated and contiguous.
+(and N > 1) or when three or more leading dimensions remain after collapsing; the
+same goes for ``residual`` and ``grad_residual_out``.  A non-contiguous ``weight``
+or ``bias`` is copied (it is only N elements).  Outputs are freshly allocated and
+contiguous, except ``residual_out``.
+
+``residual_out`` is the caller's tensor, written through its own row layout, so
+it may be strided and may be ``residual`` itself (in place): every lane loads
+its residual elements before it stores ``h`` to the same addresses, and nothing
+reads the residual afterwards (the fused kernel keeps ``h`` in registers; the
+looped one re-reads ``h``).  When its layout cannot be addressed (the same two
+cases as above), ``h`` goes to a contiguous temporary that is then copied into
+it.
 """
 
 from __future__ import annotations
@@ -98,6 +145,9 @@ from torch import Tensor
 # layer_norm's centring and bias fit under the same limit: at 32768 with weight
 # and bias, 128 registers and no spills (Triton 3.6), and on an H200 the fused
 # kernel beat the three looped sweeps (104 vs 121 us, bf16 2048x32768).
+# With a residual (rms_norm, 32768, Triton 3.8's ptxas for sm_90a), the spills
+# grow to 48 bytes/thread (bf16 residual) and 96 (fp32 residual with bf16
+# input); not timed yet.
 _FWD_FUSED_MAX_N = 32768
 # Same for the backward, which keeps x, dy, w and the dw accumulator live:
 # 8192 fits in 128 registers without spilling, 16384 spills ~500 bytes/thread.
@@ -156,16 +206,17 @@ def _row_offsets(rows, s1, st0, st1, TWO_LEVEL: tl.constexpr):
 
 
 @triton.jit
-def _eps_in(eps, eps_lo, ACC: tl.constexpr):
-    # Scalar float kernel arguments are float32.  For a float64 accumulator eps is
-    # passed as an fp32 (hi, lo) pair so that it is not rounded to fp32.
+def _scalar_in(hi, lo, ACC: tl.constexpr):
+    # Scalar float kernel arguments are float32.  For a float64 accumulator a
+    # scalar (eps, offset) is passed as an fp32 (hi, lo) pair so that it is not
+    # rounded to fp32.
     # (tl.cast rather than .to(): the interpreter hands floats in as Python floats.)
-    hi = tl.cast(eps, tl.float32)
+    hi32 = tl.cast(hi, tl.float32)
     if ACC == tl.float64:
-        e = hi.to(tl.float64) + tl.cast(eps_lo, tl.float32).to(tl.float64)
+        v = hi32.to(tl.float64) + tl.cast(lo, tl.float32).to(tl.float64)
     else:
-        e = hi.to(ACC)
-    return e
+        v = hi32.to(ACC)
+    return v
 
 
 @triton.jit
@@ -180,15 +231,50 @@ def _inv_sqrt(v, ACC: tl.constexpr):
 
 
 @triton.jit
+def _load_weight(
+    W, c, m, offset, offset_lo,
+    W_OFFSET: tl.constexpr, DIVISOR: tl.constexpr, ACC: tl.constexpr,
+):
+    # The effective weight offset + w[j], in the accumulation type.
+    w = tl.load(W + c, mask=m, other=0.0).to(ACC)
+    if W_OFFSET:
+        w = w + _scalar_in(offset, offset_lo, ACC)
+    if DIVISOR:
+        # The output is divided by it to recover xhat: padding lanes (where
+        # the output is 0) must not turn into 0/0 and poison the row sums.
+        w = tl.where(m, w, 1.0)
+    return w
+
+
+@triton.jit
+def _add_residual(x, R, r_offs, H, h_offs, mask, ACC: tl.constexpr):
+    # h = x + residual, rounded to residual_out's dtype and stored; the rounded
+    # value is returned so that the statistics (and so the output) are those of
+    # residual_out exactly.  Each lane loads its residual element before it
+    # stores h to the same place, so residual_out may be residual itself.
+    r = tl.load(R + r_offs, mask=mask, other=0.0).to(ACC)
+    h = (x + r).to(H.dtype.element_ty)
+    tl.store(H + h_offs, h, mask=mask)
+    return h.to(ACC)
+
+
+@triton.jit
 def _fwd_fused_kernel(
-    X, W, B, Y, MEAN, RSTD,
+    X, R, W, B, Y, H, MEAN, RSTD,
     n_rows, N,
     x_s1, x_st0, x_st1,
-    eps, eps_lo,
+    r_s1, r_st0, r_st1,
+    h_s1, h_st0, h_st1,
+    eps, eps_lo, offset, offset_lo,
     X_TWO_LEVEL: tl.constexpr,
+    R_TWO_LEVEL: tl.constexpr,
+    H_TWO_LEVEL: tl.constexpr,
     CENTERED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
+    W_OFFSET: tl.constexpr,
+    CAST_XHAT: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -202,6 +288,10 @@ def _fwd_fused_kernel(
 
     x_off = _row_offsets(rows, x_s1, x_st0, x_st1, X_TWO_LEVEL)
     x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=0.0).to(ACC)
+    if HAS_RESIDUAL:
+        r_off = _row_offsets(rows, r_s1, r_st0, r_st1, R_TWO_LEVEL)
+        h_off = _row_offsets(rows, h_s1, h_st0, h_st1, H_TWO_LEVEL)
+        x = _add_residual(x, R, r_off[:, None] + cols[None, :], H, h_off[:, None] + cols[None, :], mask, ACC)
 
     if CENTERED:
         mean = tl.sum(x, axis=1) / N
@@ -209,11 +299,13 @@ def _fwd_fused_kernel(
         # to the variance.
         x = tl.where(mask, x - mean[:, None], 0.0)
     var = tl.sum(x * x, axis=1) / N
-    rstd = _inv_sqrt(var + _eps_in(eps, eps_lo, ACC), ACC)
+    rstd = _inv_sqrt(var + _scalar_in(eps, eps_lo, ACC), ACC)
 
     y = x * rstd[:, None]
+    if CAST_XHAT:
+        y = y.to(Y.dtype.element_ty).to(ACC)
     if HAS_W:
-        w = tl.load(W + cols, mask=col_mask, other=0.0).to(ACC)
+        w = _load_weight(W, cols, col_mask, offset, offset_lo, W_OFFSET, False, ACC)
         y = y * w[None, :]
     if HAS_B:
         b = tl.load(B + cols, mask=col_mask, other=0.0).to(ACC)
@@ -237,16 +329,19 @@ def _sq_dev_chunk(x_row, c, N, mean, CENTERED: tl.constexpr, ACC: tl.constexpr):
 
 @triton.jit
 def _normalise_chunk(
-    x_row, y_row, W, B, c, N, mean, rstd,
-    CENTERED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr,
+    x_row, y_row, W, B, c, N, mean, rstd, offset, offset_lo,
+    CENTERED: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    W_OFFSET: tl.constexpr, CAST_XHAT: tl.constexpr, ACC: tl.constexpr,
 ):
     m = c < N
     x = tl.load(x_row + c, mask=m, other=0.0).to(ACC)
     if CENTERED:
         x = x - mean
     y = x * rstd
+    if CAST_XHAT:
+        y = y.to(y_row.dtype.element_ty).to(ACC)
     if HAS_W:
-        w = tl.load(W + c, mask=m, other=0.0).to(ACC)
+        w = _load_weight(W, c, m, offset, offset_lo, W_OFFSET, False, ACC)
         y = y * w
     if HAS_B:
         b = tl.load(B + c, mask=m, other=0.0).to(ACC)
@@ -256,14 +351,21 @@ def _normalise_chunk(
 
 @triton.jit
 def _fwd_looped_kernel(
-    X, W, B, Y, MEAN, RSTD,
+    X, R, W, B, Y, H, MEAN, RSTD,
     N,
     x_s1, x_st0, x_st1,
-    eps, eps_lo,
+    r_s1, r_st0, r_st1,
+    h_s1, h_st0, h_st1,
+    eps, eps_lo, offset, offset_lo,
     X_TWO_LEVEL: tl.constexpr,
+    R_TWO_LEVEL: tl.constexpr,
+    H_TWO_LEVEL: tl.constexpr,
     CENTERED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
+    W_OFFSET: tl.constexpr,
+    CAST_XHAT: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -274,48 +376,104 @@ def _fwd_looped_kernel(
     # backwards, normalise forwards.  (Each direction is spelt as its own loop
     # rather than through a direction flag so that rms_norm keeps exactly the
     # loop code it had before layer_norm shared these kernels.)
+    # With a residual, the first sweep reads input and residual and writes h to
+    # residual_out; the later sweeps read h back from there (the residual may
+    # already be overwritten by then, when residual_out is residual).
     row = tl.program_id(0).to(tl.int64)
     x_row = X + _row_offsets(row, x_s1, x_st0, x_st1, X_TWO_LEVEL)
     y_row = Y + row * N
     cols = tl.arange(0, BLOCK_N)
+    if HAS_RESIDUAL:
+        r_off = _row_offsets(row, r_s1, r_st0, r_st1, R_TWO_LEVEL)
+        h_off = _row_offsets(row, h_s1, h_st0, h_st1, H_TWO_LEVEL)
+        src_row = H + h_off
+    else:
+        src_row = x_row
 
     sq = tl.zeros([BLOCK_N], dtype=ACC)
     if CENTERED:
         s = tl.zeros([BLOCK_N], dtype=ACC)
         for start in range(0, N, BLOCK_N):
             c = start + cols
-            s += tl.load(x_row + c, mask=c < N, other=0.0).to(ACC)
+            m = c < N
+            x = tl.load(x_row + c, mask=m, other=0.0).to(ACC)
+            if HAS_RESIDUAL:
+                x = _add_residual(x, R, r_off + c, H, h_off + c, m, ACC)
+            s += x
         mean = tl.sum(s, axis=0) / N
         tl.store(MEAN + row, mean)
+        if HAS_RESIDUAL:
+            # The next sweep reads h, possibly stored by other threads.
+            tl.debug_barrier()
         n_chunks = tl.cdiv(N, BLOCK_N)
         for i in range(0, n_chunks):
-            sq += _sq_dev_chunk(x_row, (n_chunks - 1 - i) * BLOCK_N + cols, N, mean, CENTERED, ACC)
+            sq += _sq_dev_chunk(src_row, (n_chunks - 1 - i) * BLOCK_N + cols, N, mean, CENTERED, ACC)
     else:
         for start in range(0, N, BLOCK_N):
-            sq += _sq_dev_chunk(x_row, start + cols, N, 0.0, CENTERED, ACC)
-    rstd = _inv_sqrt(tl.sum(sq, axis=0) / N + _eps_in(eps, eps_lo, ACC), ACC)
+            if HAS_RESIDUAL:
+                c = start + cols
+                m = c < N
+                x = tl.load(x_row + c, mask=m, other=0.0).to(ACC)
+                x = _add_residual(x, R, r_off + c, H, h_off + c, m, ACC)
+                sq += x * x
+            else:
+                sq += _sq_dev_chunk(x_row, start + cols, N, 0.0, CENTERED, ACC)
+        if HAS_RESIDUAL:
+            tl.debug_barrier()  # as above
+    rstd = _inv_sqrt(tl.sum(sq, axis=0) / N + _scalar_in(eps, eps_lo, ACC), ACC)
     tl.store(RSTD + row, rstd)
 
     if CENTERED:
         for start in range(0, N, BLOCK_N):
-            _normalise_chunk(x_row, y_row, W, B, start + cols, N, mean, rstd, CENTERED, HAS_W, HAS_B, ACC)
+            _normalise_chunk(
+                src_row, y_row, W, B, start + cols, N, mean, rstd, offset, offset_lo,
+                CENTERED, HAS_W, HAS_B, W_OFFSET, CAST_XHAT, ACC,
+            )
     else:
         n_chunks = tl.cdiv(N, BLOCK_N)
         for i in range(0, n_chunks):
             c = (n_chunks - 1 - i) * BLOCK_N + cols
-            _normalise_chunk(x_row, y_row, W, B, c, N, 0.0, rstd, CENTERED, HAS_W, HAS_B, ACC)
+            _normalise_chunk(
+                src_row, y_row, W, B, c, N, 0.0, rstd, offset, offset_lo,
+                CENTERED, HAS_W, HAS_B, W_OFFSET, CAST_XHAT, ACC,
+            )
+
+
+@triton.jit
+def _xhat(x, w, mean, rstd, CENTERED: tl.constexpr, HAS_W: tl.constexpr, SAVED_IS_OUTPUT: tl.constexpr):
+    # The normalised row, from the saved input or from the saved output
+    # (y = xhat * w: divide the weight back out; per element rather than by a
+    # precomputed reciprocal, which would be one more row-sized array live in
+    # the persistent kernel's registers).
+    if SAVED_IS_OUTPUT:
+        if HAS_W:
+            xhat = x / w
+        else:
+            xhat = x
+    elif CENTERED:
+        xhat = (x - mean) * rstd
+    else:
+        xhat = x * rstd
+    return xhat
 
 
 @triton.jit
 def _bwd_fused_kernel(
-    DY, X, W, MEAN, RSTD, DX, PARTIAL,
+    DY, X, W, MEAN, RSTD, GRES, DX, DRES, PARTIAL,
     n_rows, N,
     x_s1, x_st0, x_st1,
     dy_s1, dy_st0, dy_st1,
+    gres_s1, gres_st0, gres_st1,
+    offset, offset_lo,
     X_TWO_LEVEL: tl.constexpr,
     DY_TWO_LEVEL: tl.constexpr,
+    GRES_TWO_LEVEL: tl.constexpr,
     CENTERED: tl.constexpr,
     HAS_W: tl.constexpr,
+    W_OFFSET: tl.constexpr,
+    SAVED_IS_OUTPUT: tl.constexpr,
+    ADD_GRAD_RESIDUAL: tl.constexpr,
+    STORE_GRAD_RESIDUAL: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
     COMPUTE_DB: tl.constexpr,
     ACC: tl.constexpr,
@@ -329,7 +487,9 @@ def _bwd_fused_kernel(
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if HAS_W:
-        w = tl.load(W + cols, mask=col_mask, other=0.0).to(ACC)
+        w = _load_weight(W, cols, col_mask, offset, offset_lo, W_OFFSET, SAVED_IS_OUTPUT, ACC)
+    else:
+        w = 1.0
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
 
@@ -349,13 +509,14 @@ def _bwd_fused_kernel(
         # Padding lanes of xhat are -mean * rstd rather than 0, but every use
         # of xhat is multiplied by dy (or g), which is 0 there.
         if CENTERED:
-            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0).to(ACC)
-            xhat = (x - mean[:, None]) * rstd[:, None]
+            mean = tl.load(MEAN + rows, mask=row_mask, other=0.0).to(ACC)[:, None]
         else:
-            xhat = x * rstd[:, None]
+            mean = 0.0
         if HAS_W:
+            xhat = _xhat(x, w[None, :], mean, rstd[:, None], CENTERED, HAS_W, SAVED_IS_OUTPUT)
             g = dy * w[None, :]
         else:
+            xhat = _xhat(x, w, mean, rstd[:, None], CENTERED, HAS_W, SAVED_IS_OUTPUT)
             g = dy
         c1 = tl.sum(g * xhat, axis=1) / N
         if CENTERED:
@@ -363,7 +524,13 @@ def _bwd_fused_kernel(
             dx = rstd[:, None] * (g - c0[:, None] - xhat * c1[:, None])
         else:
             dx = rstd[:, None] * (g - xhat * c1[:, None])
-        tl.store(DX + rows[:, None] * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        if ADD_GRAD_RESIDUAL:
+            gres_off = _row_offsets(rows, gres_s1, gres_st0, gres_st1, GRES_TWO_LEVEL)
+            dx += tl.load(GRES + gres_off[:, None] + cols[None, :], mask=mask, other=0.0).to(ACC)
+        out_off = rows[:, None] * N + cols[None, :]
+        tl.store(DX + out_off, dx.to(DX.dtype.element_ty), mask=mask)
+        if STORE_GRAD_RESIDUAL:
+            tl.store(DRES + out_off, dx.to(DRES.dtype.element_ty), mask=mask)
         # Masked lanes loaded as 0, so they contribute nothing.
         if COMPUTE_DW:
             dw_acc += dy * xhat
@@ -384,15 +551,19 @@ def _bwd_row_stats_kernel(
     N,
     x_s1, x_st0, x_st1,
     dy_s1, dy_st0, dy_st1,
+    offset, offset_lo,
     X_TWO_LEVEL: tl.constexpr,
     DY_TWO_LEVEL: tl.constexpr,
     CENTERED: tl.constexpr,
     HAS_W: tl.constexpr,
+    W_OFFSET: tl.constexpr,
+    SAVED_IS_OUTPUT: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     # Long rows, step 1: C1[r] = mean_j(g * xhat) = rstd * sum_j(g * (x - mean)) / N
-    # and, centred, C0[r] = mean_j(g).
+    # and, centred, C0[r] = mean_j(g).  From a saved output, xhat is y / w and
+    # rstd is not factored out.
     row = tl.program_id(0).to(tl.int64)
     x_row = X + _row_offsets(row, x_s1, x_st0, x_st1, X_TWO_LEVEL)
     dy_row = DY + _row_offsets(row, dy_s1, dy_st0, dy_st1, DY_TWO_LEVEL)
@@ -407,29 +578,44 @@ def _bwd_row_stats_kernel(
         x = tl.load(x_row + c, mask=m, other=0.0).to(ACC)
         g = tl.load(dy_row + c, mask=m, other=0.0).to(ACC)
         if HAS_W:
-            g = g * tl.load(W + c, mask=m, other=0.0).to(ACC)
-        if CENTERED:
+            w = _load_weight(W, c, m, offset, offset_lo, W_OFFSET, SAVED_IS_OUTPUT, ACC)
+            g = g * w
+        else:
+            w = 1.0
+        if SAVED_IS_OUTPUT:
+            acc += g * _xhat(x, w, 0.0, 1.0, CENTERED, HAS_W, SAVED_IS_OUTPUT)
+        elif CENTERED:
             # Padding lanes have g = 0, so x - mean needs no masking.
             acc += g * (x - mean)
             acc_g += g
         else:
             acc += g * x
-    rstd = tl.load(RSTD + row).to(ACC)
-    tl.store(C1 + row, tl.sum(acc, axis=0) * rstd / N)
+    if SAVED_IS_OUTPUT:
+        tl.store(C1 + row, tl.sum(acc, axis=0) / N)
+    else:
+        rstd = tl.load(RSTD + row).to(ACC)
+        tl.store(C1 + row, tl.sum(acc, axis=0) * rstd / N)
     if CENTERED:
         tl.store(C0 + row, tl.sum(acc_g, axis=0) / N)
 
 
 @triton.jit
 def _bwd_looped_kernel(
-    DY, X, W, MEAN, RSTD, C1, C0, DX, PARTIAL,
+    DY, X, W, MEAN, RSTD, C1, C0, GRES, DX, DRES, PARTIAL,
     n_rows, N, rows_per_group,
     x_s1, x_st0, x_st1,
     dy_s1, dy_st0, dy_st1,
+    gres_s1, gres_st0, gres_st1,
+    offset, offset_lo,
     X_TWO_LEVEL: tl.constexpr,
     DY_TWO_LEVEL: tl.constexpr,
+    GRES_TWO_LEVEL: tl.constexpr,
     CENTERED: tl.constexpr,
     HAS_W: tl.constexpr,
+    W_OFFSET: tl.constexpr,
+    SAVED_IS_OUTPUT: tl.constexpr,
+    ADD_GRAD_RESIDUAL: tl.constexpr,
+    STORE_GRAD_RESIDUAL: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
     COMPUTE_DB: tl.constexpr,
     ACC: tl.constexpr,
@@ -443,7 +629,9 @@ def _bwd_looped_kernel(
     cols = chunk.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if HAS_W:
-        w = tl.load(W + cols, mask=col_mask, other=0.0).to(ACC)
+        w = _load_weight(W, cols, col_mask, offset, offset_lo, W_OFFSET, SAVED_IS_OUTPUT, ACC)
+    else:
+        w = 1.0
     dw_acc = tl.zeros([BLOCK_N], dtype=ACC)
     db_acc = tl.zeros([BLOCK_N], dtype=ACC)
 
@@ -459,9 +647,9 @@ def _bwd_looped_kernel(
 
         if CENTERED:
             mean = tl.load(MEAN + row).to(ACC)
-            xhat = (x - mean) * rstd
         else:
-            xhat = x * rstd
+            mean = 0.0
+        xhat = _xhat(x, w, mean, rstd, CENTERED, HAS_W, SAVED_IS_OUTPUT)
         if HAS_W:
             g = dy * w
         else:
@@ -471,7 +659,12 @@ def _bwd_looped_kernel(
             dx = rstd * (g - c0 - xhat * c1)
         else:
             dx = rstd * (g - xhat * c1)
+        if ADD_GRAD_RESIDUAL:
+            gres_off = _row_offsets(row, gres_s1, gres_st0, gres_st1, GRES_TWO_LEVEL)
+            dx += tl.load(GRES + gres_off + cols, mask=col_mask, other=0.0).to(ACC)
         tl.store(DX + row * N + cols, dx.to(DX.dtype.element_ty), mask=col_mask)
+        if STORE_GRAD_RESIDUAL:
+            tl.store(DRES + row * N + cols, dx.to(DRES.dtype.element_ty), mask=col_mask)
         if COMPUTE_DW:
             dw_acc += dy * xhat
         if COMPUTE_DB:
@@ -549,15 +742,16 @@ def _tl_acc(acc: torch.dtype) -> tl.dtype:
     return tl.float64 if acc == torch.float64 else tl.float32
 
 
-def _split_eps(eps: float) -> tuple[float, float]:
-    """Return fp32-representable (hi, lo) with hi + lo ~= eps to ~48 bits."""
+def _split_scalar(value: float) -> tuple[float, float]:
+    """Return fp32-representable (hi, lo) with hi + lo ~= value to ~48 bits
+    (eps and offset reach the kernels as fp32 scalar arguments)."""
     try:
-        hi = struct.unpack("f", struct.pack("f", eps))[0]
+        hi = struct.unpack("f", struct.pack("f", value))[0]
     except OverflowError:
         hi = float("inf")
-    if not math.isfinite(hi):  # |eps| beyond fp32 range (or inf/nan): no low part
-        return eps, 0.0
-    return hi, eps - hi
+    if not math.isfinite(hi):  # |value| beyond fp32 range (or inf/nan): no low part
+        return value, 0.0
+    return hi, value - hi
 
 
 def _num_warps(tile_elems: int) -> int:
@@ -568,17 +762,19 @@ def _num_warps(tile_elems: int) -> int:
     return 16
 
 
-def _collapse_rows(t: Tensor):
-    """Describe ``t`` as rows of ``t.size(-1)`` unit-stride elements.
+# Layout passed for an absent tensor's rows (its kernel flag is off, so it is
+# never addressed).
+_NO_ROWS = (1, 0, 0, False)
 
-    Returns ``(t, s1, st0, st1, two_level)``: the (possibly copied) tensor and
-    the description of its row start offsets used by ``_row_offsets``.
-    """
+
+def _row_layout(t: Tensor) -> Optional[tuple[int, int, int, bool]]:
+    """``(s1, st0, st1, two_level)``, the description of the row start offsets of
+    ``t`` used by ``_row_offsets``, or None when the kernels cannot address ``t``'s
+    rows as they are laid out."""
     n = t.size(-1)
     if n > 1 and t.stride(-1) != 1:
-        # Non-unit stride along the normalised dim: loads would not coalesce;
-        # make a contiguous copy.
-        t = t.contiguous()
+        # Non-unit stride along the normalised dim: accesses would not coalesce.
+        return None
     # Innermost first; size-1 dims do not affect addressing.
     dims = [(s, st) for s, st in zip(reversed(t.shape[:-1]), reversed(t.stride()[:-1])) if s != 1]
     merged: list[list[int]] = []
@@ -588,16 +784,29 @@ def _collapse_rows(t: Tensor):
         else:
             merged.append([size, stride])
     if len(merged) > 2:
-        # Three or more independent leading strides: fall back to a
-        # contiguous copy rather than doing 3+ level index arithmetic.
-        t = t.contiguous()
-        return t, 1, 0, n, False
+        # Three or more independent leading strides: not worth 3+ level index
+        # arithmetic in the kernels.
+        return None
     if len(merged) == 2:
         (s1, st1), (_, st0) = merged
-        return t, s1, st0, st1, True
+        return s1, st0, st1, True
     if len(merged) == 1:
-        return t, 1, 0, merged[0][1], False
-    return t, 1, 0, n, False  # a single row
+        return 1, 0, merged[0][1], False
+    return 1, 0, n, False  # a single row
+
+
+def _collapse_rows(t: Tensor):
+    """Describe ``t`` as rows of ``t.size(-1)`` unit-stride elements.
+
+    Returns ``(t, s1, st0, st1, two_level)``: ``t``, or a contiguous copy of it
+    when its layout cannot be addressed, and the description of its row start
+    offsets used by ``_row_offsets``.
+    """
+    layout = _row_layout(t)
+    if layout is None:
+        t = t.contiguous()
+        layout = (1, 0, t.size(-1), False)
+    return (t, *layout)
 
 
 def _param_arg(param: Optional[Tensor], dummy: Tensor) -> Tensor:
@@ -621,9 +830,25 @@ def param_grad(input: Tensor, param: Optional[Tensor], wanted: bool) -> Tensor:
 
 
 def forward(
-    input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float, centered: bool
+    input: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    eps: float,
+    centered: bool,
+    *,
+    offset: float = 0.0,
+    cast_before_weight: bool = False,
+    residual: Optional[Tensor] = None,
+    residual_out: Optional[Tensor] = None,
 ) -> tuple[Tensor, Optional[Tensor], Tensor]:
-    """``(output, mean, rstd)``; ``mean`` is None unless ``centered``."""
+    """``(output, mean, rstd)``; ``mean`` is None unless ``centered``.
+
+    ``offset`` is added to the weight (it must be 0 without one).  With
+    ``cast_before_weight``, xhat is rounded to input's dtype before the weight
+    is applied.  With ``residual``, the row normalised is ``input + residual``,
+    rounded to residual's dtype and written to ``residual_out`` (required then:
+    residual's shape and dtype, any strides, possibly ``residual`` itself).
+    """
     acc = _acc_dtype(input.dtype)
     n = input.size(-1)
     lead_shape = input.shape[:-1]
@@ -645,10 +870,37 @@ def forward(
     # rstd doubles as the (never written) dummy for rms_norm's mean.
     mean_arg = rstd if mean is None else mean
     x, x_s1, x_st0, x_st1, x_two = _collapse_rows(input)
+    has_residual = residual is not None
+    if has_residual:
+        r, *r_layout = _collapse_rows(residual)
+        h = residual_out
+        h_layout = _row_layout(residual_out)
+        if h_layout is None:
+            # residual_out's rows cannot be addressed where they are: write a
+            # contiguous temporary and copy it over afterwards.
+            h = torch.empty(residual_out.shape, dtype=residual_out.dtype, device=device)
+            h_layout = (1, 0, n, False)
+    else:
+        # x doubles as the (never accessed) dummy for both.
+        r, r_layout, h, h_layout = x, _NO_ROWS, x, _NO_ROWS
     w = _param_arg(weight, x)
     b = _param_arg(bias, x)
-    eps_hi, eps_lo = _split_eps(float(eps))
-    tl_acc = _tl_acc(acc)
+    eps_hi, eps_lo = _split_scalar(float(eps))
+    offset_hi, offset_lo = _split_scalar(float(offset))
+    flags = {
+        "X_TWO_LEVEL": x_two,
+        "R_TWO_LEVEL": r_layout[3],
+        "H_TWO_LEVEL": h_layout[3],
+        "CENTERED": centered,
+        "HAS_RESIDUAL": has_residual,
+        "HAS_W": weight is not None,
+        "HAS_B": bias is not None,
+        "W_OFFSET": weight is not None and offset != 0.0,
+        # Rounding xhat to a dtype as wide as the accumulator, or just before
+        # the output's own rounding, changes nothing: skip it then.
+        "CAST_XHAT": cast_before_weight and (weight is not None or bias is not None) and input.dtype != acc,
+        "ACC": _tl_acc(acc),
+    }
     scale = 2 if acc == torch.float64 else 1
     block_n = triton.next_power_of_2(n)
 
@@ -657,15 +909,13 @@ def forward(
             block_m = max(1, min(_TILE_ELEMS // block_n, triton.next_power_of_2(n_rows)))
             grid = (triton.cdiv(n_rows, block_m),)
             _fwd_fused_kernel[grid](
-                x, w, b, output, mean_arg, rstd,
+                x, r, w, b, output, h, mean_arg, rstd,
                 n_rows, n,
                 x_s1, x_st0, x_st1,
-                eps_hi, eps_lo,
-                X_TWO_LEVEL=x_two,
-                CENTERED=centered,
-                HAS_W=weight is not None,
-                HAS_B=bias is not None,
-                ACC=tl_acc,
+                *r_layout[:3],
+                *h_layout[:3],
+                eps_hi, eps_lo, offset_hi, offset_lo,
+                **flags,
                 BLOCK_M=block_m,
                 BLOCK_N=block_n,
                 num_warps=_num_warps(block_m * block_n),
@@ -673,18 +923,18 @@ def forward(
         else:
             block_n = _LOOP_BLOCK_N // scale
             _fwd_looped_kernel[(n_rows,)](
-                x, w, b, output, mean_arg, rstd,
+                x, r, w, b, output, h, mean_arg, rstd,
                 n,
                 x_s1, x_st0, x_st1,
-                eps_hi, eps_lo,
-                X_TWO_LEVEL=x_two,
-                CENTERED=centered,
-                HAS_W=weight is not None,
-                HAS_B=bias is not None,
-                ACC=tl_acc,
+                *r_layout[:3],
+                *h_layout[:3],
+                eps_hi, eps_lo, offset_hi, offset_lo,
+                **flags,
                 BLOCK_N=block_n,
                 num_warps=_num_warps(block_n),
             )
+    if has_residual and h is not residual_out:
+        residual_out.copy_(h)
     return output, mean, rstd
 
 
@@ -696,17 +946,29 @@ def backward(
     rstd: Tensor,
     grad_weight: Optional[Tensor],
     grad_bias: Optional[Tensor],
+    *,
+    offset: float = 0.0,
+    saved_is_output: bool = False,
+    grad_residual_out: Optional[Tensor] = None,
+    grad_residual: Optional[Tensor] = None,
 ) -> Tensor:
-    """Returns ``grad_input``; fills ``grad_weight`` / ``grad_bias`` (``(N,)``
-    tensors from :func:`param_grad`, or None when not wanted).  The row is centred
-    (layer_norm) when ``mean`` is given."""
+    """Returns ``grad_input`` (contiguous, in grad_output's dtype); fills
+    ``grad_weight`` / ``grad_bias`` (``(N,)`` tensors from :func:`param_grad`, or
+    None when not wanted).  The row is centred (layer_norm) when ``mean`` is given.
+
+    ``input`` is the row the forward normalised (with a residual, residual_out)
+    or, with ``saved_is_output`` (not centred), the forward's output.  ``offset``
+    is the forward's.  ``grad_residual_out`` (input's shape, any strides) is
+    added to the gradient; ``grad_residual``, a contiguous tensor of input's
+    shape, receives that same gradient in its own dtype.
+    """
     acc = _acc_dtype(input.dtype)
     n = input.size(-1)
     device = input.device
     centered = mean is not None
     compute_dw = grad_weight is not None
     compute_db = grad_bias is not None
-    grad_input = torch.empty(input.shape, dtype=input.dtype, device=device)
+    grad_input = torch.empty(input.shape, dtype=grad_output.dtype, device=device)
     n_rows = grad_input.numel() // n if n > 0 else input.shape[:-1].numel()
 
     if n_rows == 0 or n == 0:
@@ -719,11 +981,33 @@ def backward(
 
     x, x_s1, x_st0, x_st1, x_two = _collapse_rows(input)
     dy, dy_s1, dy_st0, dy_st1, dy_two = _collapse_rows(grad_output)
+    if grad_residual_out is not None:
+        gres, *gres_layout = _collapse_rows(grad_residual_out)
+    else:
+        gres, gres_layout = x, _NO_ROWS  # never read
+    # grad_input doubles as the (never written) dummy.
+    dres = grad_input if grad_residual is None else grad_residual
     rstd_flat = rstd.reshape(-1)  # normally contiguous already: a view
     # rstd_flat doubles as the (never read) dummy for rms_norm's mean.
     mean_flat = rstd_flat if mean is None else mean.reshape(-1)
     w = _param_arg(weight, x)
-    tl_acc = _tl_acc(acc)
+    offset_hi, offset_lo = _split_scalar(float(offset))
+    flags = {
+        "X_TWO_LEVEL": x_two,
+        "DY_TWO_LEVEL": dy_two,
+        "CENTERED": centered,
+        "HAS_W": weight is not None,
+        "W_OFFSET": weight is not None and offset != 0.0,
+        "SAVED_IS_OUTPUT": saved_is_output,
+        "ACC": _tl_acc(acc),
+    }
+    step_flags = {
+        "GRES_TWO_LEVEL": gres_layout[3],
+        "ADD_GRAD_RESIDUAL": grad_residual_out is not None,
+        "STORE_GRAD_RESIDUAL": grad_residual is not None,
+        "COMPUTE_DW": compute_dw,
+        "COMPUTE_DB": compute_db,
+    }
     scale = 2 if acc == torch.float64 else 1
     block_n = triton.next_power_of_2(n)
     sms = _sm_count(device)
@@ -739,17 +1023,14 @@ def backward(
             # rstd_flat doubles as the (never written) dummy without gradients.
             partial = torch.empty((n_grads, num_progs, n), dtype=acc, device=device) if n_grads else rstd_flat
             _bwd_fused_kernel[(num_progs,)](
-                dy, x, w, mean_flat, rstd_flat, grad_input, partial,
+                dy, x, w, mean_flat, rstd_flat, gres, grad_input, dres, partial,
                 n_rows, n,
                 x_s1, x_st0, x_st1,
                 dy_s1, dy_st0, dy_st1,
-                X_TWO_LEVEL=x_two,
-                DY_TWO_LEVEL=dy_two,
-                CENTERED=centered,
-                HAS_W=weight is not None,
-                COMPUTE_DW=compute_dw,
-                COMPUTE_DB=compute_db,
-                ACC=tl_acc,
+                *gres_layout[:3],
+                offset_hi, offset_lo,
+                **flags,
+                **step_flags,
                 BLOCK_M=block_m,
                 BLOCK_N=block_n,
                 num_warps=num_warps,
@@ -764,11 +1045,8 @@ def backward(
                 n,
                 x_s1, x_st0, x_st1,
                 dy_s1, dy_st0, dy_st1,
-                X_TWO_LEVEL=x_two,
-                DY_TWO_LEVEL=dy_two,
-                CENTERED=centered,
-                HAS_W=weight is not None,
-                ACC=tl_acc,
+                offset_hi, offset_lo,
+                **flags,
                 BLOCK_N=block_n,
                 num_warps=num_warps,
             )
@@ -780,17 +1058,14 @@ def backward(
             num_progs = n_groups
             partial = torch.empty((n_grads, n_groups, n), dtype=acc, device=device) if n_grads else rstd_flat
             _bwd_looped_kernel[(n_groups, n_chunks)](
-                dy, x, w, mean_flat, rstd_flat, c1, c0, grad_input, partial,
+                dy, x, w, mean_flat, rstd_flat, c1, c0, gres, grad_input, dres, partial,
                 n_rows, n, rows_per_group,
                 x_s1, x_st0, x_st1,
                 dy_s1, dy_st0, dy_st1,
-                X_TWO_LEVEL=x_two,
-                DY_TWO_LEVEL=dy_two,
-                CENTERED=centered,
-                HAS_W=weight is not None,
-                COMPUTE_DW=compute_dw,
-                COMPUTE_DB=compute_db,
-                ACC=tl_acc,
+                *gres_layout[:3],
+                offset_hi, offset_lo,
+                **flags,
+                **step_flags,
                 BLOCK_N=block_n,
                 num_warps=num_warps,
             )

@@ -1,0 +1,66 @@
+"""fusedops.nn.AddRMSNorm: a pre-norm transformer's residual add and RMSNorm as one module."""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..functional import add_rms_norm, add_rms_norm_
+
+
+class AddRMSNorm(torch.nn.Module):
+    """``forward(input, residual) -> (output, residual_out)``: ``residual_out = input + residual``
+    and ``output = RMSNorm(residual_out)``, by :func:`fusedops.add_rms_norm`. Its state is that
+    of an :class:`RMSNorm` over the last dimension (``weight``), so a model's norm weights load
+    as they are.
+
+    ``offset`` and ``cast_before_weight`` are as for :class:`fusedops.nn.RMSNorm`. With
+    ``inplace=True`` and no gradient wanted, the sum is written into ``residual`` (and returned
+    as residual_out) instead of a new tensor: the inference form, :func:`fusedops.add_rms_norm_`.
+    """
+
+    __constants__ = ["hidden_size", "eps", "elementwise_affine", "offset", "cast_before_weight", "inplace"]
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        elementwise_affine: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        offset: float = 0.0,
+        cast_before_weight: bool = False,
+        inplace: bool = False,
+    ) -> None:
+        super().__init__()
+        self.hidden_size = int(hidden_size)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.offset = float(offset)
+        self.cast_before_weight = bool(cast_before_weight)
+        self.inplace = bool(inplace)
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(torch.empty(self.hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            torch.nn.init.constant_(self.weight, 1.0 - self.offset)
+
+    def forward(self, input: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
+        args = (input, residual, self.weight, self.eps, self.offset, self.cast_before_weight)
+        if self.inplace and not (torch.is_grad_enabled() and self._wants_grad(input, residual)):
+            return add_rms_norm_(*args), residual
+        return add_rms_norm(*args)
+
+    def _wants_grad(self, *tensors: Optional[Tensor]) -> bool:
+        return any(t is not None and t.requires_grad for t in (*tensors, self.weight))
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.hidden_size}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, offset={self.offset}, "
+            f"cast_before_weight={self.cast_before_weight}, inplace={self.inplace}"
+        )

@@ -1,0 +1,168 @@
+"""What the generic suites cannot see in the norms' options: LLaMA's casting bit for bit, Gemma's
+offset, what the memory-saving backward keeps, and the in-place add_rms_norm_."""
+
+import pytest
+import torch
+
+import fusedops
+from conftest import device_params
+
+DEVICES = device_params()
+
+
+def _llama_rms_norm(x, w, eps):
+    """Hugging Face's LlamaRMSNorm.forward, as written there: normalise in float32, cast, scale."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def _gemma_rms_norm(x, w, eps):
+    """Gemma's RMSNorm: everything in float32, scale by (1 + weight), cast once."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (1.0 + w.float())).type_as(x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cast_before_weight_rounds_like_llama(device):
+    """With a weight in the input's dtype, cast_before_weight=True gives LLaMA's result (both
+    roundings); the default float32 mode rounds once and so differs from it on many elements."""
+    x = torch.randn(64, 1024, dtype=torch.bfloat16, device=device)
+    w = torch.randn(1024, dtype=torch.bfloat16, device=device)
+    llama = _llama_rms_norm(x, w, 1e-6)
+    cast = fusedops.rms_norm(x, w, 1e-6, cast_before_weight=True)
+    fp32 = fusedops.rms_norm(x, w, 1e-6)
+    cast_mismatch = (cast != llama).float().mean().item()
+    fp32_mismatch = (fp32 != llama).float().mean().item()
+    # (a last-bit difference in rstd can still flip a rounding now and then)
+    assert cast_mismatch < 0.002, cast_mismatch
+    assert fp32_mismatch > 0.05, fp32_mismatch
+    torch.testing.assert_close(cast, llama, atol=0.0, rtol=2**-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_offset_is_gemma(device):
+    x = torch.randn(16, 768, dtype=torch.bfloat16, device=device)
+    w = 0.1 * torch.randn(768, dtype=torch.float32, device=device)
+    torch.testing.assert_close(fusedops.rms_norm(x, w, 1e-6, offset=1.0), _gemma_rms_norm(x, w, 1e-6), atol=0, rtol=2**-7)
+    norm = fusedops.nn.RMSNorm(768, eps=1e-6, offset=1.0, device=device)
+    assert torch.equal(norm.weight, torch.zeros_like(norm.weight)), "Gemma's weights start at 0 (scale 1)"
+    assert "offset=1.0" in repr(norm)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_save_output_keeps_the_output_not_the_input(device, with_weight):
+    x = torch.randn(8, 256, device=device, requires_grad=True)
+    w = (1.5 + torch.rand(256, device=device)).requires_grad_() if with_weight else None
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = fusedops.rms_norm(x, w, save_output=True)
+    assert any(t.data_ptr() == y.data_ptr() for t in saved), "the output is saved"
+    assert all(t.data_ptr() != x.data_ptr() for t in saved), "the input is not saved"
+    assert sum(t.numel() for t in saved) == y.numel() + 8 + (256 if with_weight else 0), "output, rstd, weight"
+    g = torch.randn_like(y)
+    params = [x] + ([w] if with_weight else [])
+    got = torch.autograd.grad(y, params, g)
+    expected = torch.autograd.grad(fusedops.rms_norm(x, w), params, g)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def _residual_views(device, dtype):
+    """Residuals the in-place form must update where they lie: contiguous, rows sliced out of a
+    wider buffer, and a strided last dimension (updated through a copy)."""
+    yield "contiguous", torch.randn(6, 96, dtype=dtype, device=device)
+    yield "sliced rows", torch.randn(6, 128, dtype=dtype, device=device)[:, 16:112]
+    yield "strided last dim", torch.randn(6, 192, dtype=dtype, device=device)[:, ::2]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("residual_dtype", [torch.bfloat16, torch.float32])
+def test_add_rms_norm_inplace(device, residual_dtype):
+    x = torch.randn(6, 96, dtype=torch.bfloat16, device=device)
+    w = torch.randn(96, device=device)
+    for desc, residual in _residual_views(device, residual_dtype):
+        expected_out, expected_residual = fusedops.add_rms_norm(x, residual, w)
+        version = residual._version
+        base = residual._base
+        out = fusedops.add_rms_norm_(x, residual, w)
+        assert residual._version > version, desc
+        assert residual._base is base, desc
+        assert torch.equal(out, expected_out), desc
+        assert torch.equal(residual, expected_residual), desc
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_add_rms_norm_inplace_refuses_gradients(device):
+    x = torch.randn(4, 32, device=device, requires_grad=True)
+    residual = torch.randn(4, 32, device=device)
+    with pytest.raises(RuntimeError, match=r"add_rms_norm_ updates residual in place and has no gradient"):
+        fusedops.add_rms_norm_(x, residual)
+    with pytest.raises(RuntimeError, match=r"add_rms_norm_ updates residual in place and has no gradient"):
+        torch.ops.fusedops.add_rms_norm_(x, residual, None, 1e-6)
+    with torch.no_grad():
+        fusedops.add_rms_norm_(x, residual)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_add_rms_norm_inplace_compiles(device):
+    """torch.compile functionalises the mutation and writes the result back into residual."""
+    x = torch.randn(4, 64, device=device)
+    w = torch.randn(64, device=device)
+    residual, expected_residual = torch.randn(4, 64, device=device), None
+    expected_residual = residual.clone()
+    expected_out = fusedops.add_rms_norm_(x, expected_residual, w)
+    compiled = torch.compile(lambda a, r, b: fusedops.add_rms_norm_(a, r, b) * 2, fullgraph=True)
+    out = compiled(x, residual, w)
+    torch.testing.assert_close(out, expected_out * 2)
+    torch.testing.assert_close(residual, expected_residual)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_add_rms_norm_gradient_through_one_output(device):
+    """Only one of the two outputs used: the other's gradient is zero, not an error."""
+    x = torch.randn(4, 48, device=device, requires_grad=True)
+    r = torch.randn(4, 48, device=device, requires_grad=True)
+    out, residual_out = fusedops.add_rms_norm(x, r)
+    (gx,) = torch.autograd.grad(residual_out.sum(), x, retain_graph=True)
+    torch.testing.assert_close(gx, torch.ones_like(x))
+    gx, gr = torch.autograd.grad((out * out).sum(), [x, r])
+    expected = torch.autograd.grad((fusedops.rms_norm(x + r) ** 2).sum(), x)[0]
+    torch.testing.assert_close(gx, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gr, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_add_rms_norm_module(device):
+    norm = fusedops.nn.AddRMSNorm(64, eps=1e-5, device=device)
+    assert list(norm.state_dict()) == ["weight"]
+    norm.load_state_dict(fusedops.nn.RMSNorm(64, device=device).state_dict())
+    x, r = torch.randn(3, 64, device=device), torch.randn(3, 64, device=device)
+    out, residual_out = norm(x, r)
+    torch.testing.assert_close(out, fusedops.rms_norm(x + r, norm.weight, 1e-5))
+    norm.inplace = True
+    with torch.no_grad():
+        out2, residual_out2 = norm(x, r)
+    assert residual_out2 is r and torch.equal(r, residual_out) and torch.equal(out2, out)
+
+
+def test_gpu_code_coverage_rules():
+    """Which builds have code for which GPU (fusedops falls back to Triton when none has)."""
+    from fusedops._native import archs_cover
+
+    release = "8.0;8.6;8.9;9.0;10.0;12.0+PTX"
+    assert archs_cover(release, (8, 0)) and archs_cover(release, (8, 7)) and archs_cover(release, (9, 0))
+    assert archs_cover(release, (12, 1)), "the PTX of 12.0 is compiled for newer GPUs"
+    assert archs_cover("9.0", (9, 0)) and not archs_cover("9.0", (8, 0)) and not archs_cover("9.0", (10, 0))
+    assert archs_cover("8.0", (8, 6)), "an sm_80 cubin runs on sm_86"
+    assert not archs_cover("8.6", (8, 0))
+    assert archs_cover("8.0+PTX", (9, 0)) and not archs_cover("9.0+PTX", (8, 9))
+    assert archs_cover("9.0a", (9, 0)) and not archs_cover("9.0a", (9, 1))
+    assert not archs_cover("", (9, 0))
