@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The release path, run natively (cibuildwheel's containers need docker or podman, which the CI
 # machines lack; pyproject.toml's [tool.cibuildwheel] describes the same steps for a CI service):
-#   1. build the wheel from a clean export of HEAD against torch 2.14.1+cu130, CUDA kernels on
-#      (sm_90 here, to keep CI short; release wheels list every arch, see docs/install.md);
+#   0. make the sdist from a clean export of HEAD, and build it where there is no CUDA toolkit
+#      (the CPU torch, nvcc hidden): CPU kernels only, CUDA tensors served by Triton;
+#   1. build the wheel from that sdist against torch 2.14.1+cu130, CUDA kernels on (sm_90 here,
+#      to keep CI short; release wheels list every arch, see docs/install.md);
 #   2. auditwheel repair, excluding torch's, c10's and the CUDA runtime's libraries (torch
 #      supplies them at run time);
 #   3. check the wheel is abi3 and vendors no torch or CUDA library;
@@ -32,8 +34,27 @@ for id in cp310-manylinux_x86_64 cp310-manylinux_aarch64; do
   grep -qx "$id" <<<"$ids" || { echo "cibuildwheel would not build $id" >&2; exit 1; }
 done
 
-echo "-- build (torch $BUILD_TORCH, CUDA kernels for $ARCHS)"
-(cd "$work/src" && PATH="$ROOT/.venv-cuda/bin:$PATH" CUDA_HOME="$CUDA_HOME" FUSEDOPS_CUDA=1 TORCH_CUDA_ARCH_LIST="$ARCHS" \
+echo "-- sdist, and its build without a CUDA toolkit (CPU torch $TEST_TORCH, no nvcc on PATH)"
+(cd "$work/src" && "$ROOT/.venv-cuda/bin/python" setup.py -q sdist -d "$work/sdist" >/dev/null)
+sdist=$(ls "$work"/sdist/*.tar.gz)
+echo "   $(basename "$sdist")"
+mkdir -p "$work/from-sdist" "$work/cpu-dist"
+tar -xzf "$sdist" -C "$work/from-sdist"
+sdist_src=$(ls -d "$work"/from-sdist/*/)
+[ -x .venv/bin/python ] || { echo "the README's .venv (CPU torch) is missing" >&2; exit 1; }
+(cd "$sdist_src" && env -u CUDA_HOME PATH="$ROOT/.venv/bin:/usr/bin:/bin" FUSEDOPS_CUDA=auto \
+  "$ROOT/.venv/bin/pip" wheel -q --no-build-isolation --no-deps -w "$work/cpu-dist" .)
+.venv/bin/python - "$(ls "$work"/cpu-dist/*.whl)" <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+libs = sorted(n for n in names if ".so" in n)
+assert libs == ["fusedops/_C.abi3.so"], f"a build without a CUDA toolkit should hold only _C, got {libs}"
+print(f"   built without CUDA: {libs}")
+PY
+rm -rf "$sdist_src/build"
+
+echo "-- build from the sdist (torch $BUILD_TORCH, CUDA kernels for $ARCHS)"
+(cd "$sdist_src" && PATH="$ROOT/.venv-cuda/bin:$PATH" CUDA_HOME="$CUDA_HOME" FUSEDOPS_CUDA=1 TORCH_CUDA_ARCH_LIST="$ARCHS" \
   "$ROOT/.venv-cuda/bin/pip" wheel -q --no-build-isolation --no-deps -w "$work/dist" .)
 
 echo "-- auditwheel repair"
