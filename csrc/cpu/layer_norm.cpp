@@ -1,37 +1,12 @@
-// layer_norm on the CPU: the generic row-normalisation kernels (cpu_norm.h), centred, with bias.
-#include <optional>
-#include <tuple>
-
+// layer_norm on the CPU: the row normalisations' registered functions (norm_ops.h) over the CPU
+// kernels (cpu_norm.h).
 #include <torch/csrc/stable/library.h>
 
 #include "fusedops/cpu_norm.h"
-
-namespace fusedops::norm {
-namespace {
-
-std::tuple<Tensor, Tensor, Tensor> layer_norm_cpu(Tensor input, std::optional<Tensor> weight,
-                                                  std::optional<Tensor> bias, double eps) {
-  const Problem p = forward_problem("layer_norm", input, weight, bias, eps);
-  const ForwardOutputs o = forward_outputs(p, true);
-  cpu::forward<true>(p, o, "layer_norm");
-  return {o.out, *o.mean, o.rstd};
-}
-
-std::tuple<Tensor, Tensor, Tensor> layer_norm_backward_cpu(Tensor grad_output, Tensor input,
-                                                           std::optional<Tensor> weight, std::optional<Tensor> bias,
-                                                           Tensor mean, Tensor rstd, bool weight_requires_grad,
-                                                           bool bias_requires_grad) {
-  const BackwardProblem p = backward_problem("layer_norm_backward", "layer_norm", grad_output, input, weight, bias,
-                                             mean, rstd, weight_requires_grad, bias_requires_grad);
-  const BackwardOutputs o = backward_outputs(p);
-  cpu::backward<true>(p, o, "layer_norm_backward");
-  return {o.grad_input, o.grad_weight, o.grad_bias};
-}
-
-}  // namespace
-}  // namespace fusedops::norm
+#include "fusedops/norm_ops.h"
 
 STABLE_TORCH_LIBRARY_IMPL(fusedops, CPU, m) {
-  m.impl("layer_norm", TORCH_BOX(&fusedops::norm::layer_norm_cpu));
-  m.impl("layer_norm_backward", TORCH_BOX(&fusedops::norm::layer_norm_backward_cpu));
+  using K = fusedops::norm::cpu::Kernels;
+  m.impl("layer_norm", TORCH_BOX(&fusedops::norm::layer_norm<K>));
+  m.impl("layer_norm_backward", TORCH_BOX(&fusedops::norm::layer_norm_backward<K>));
 }

@@ -1,37 +1,12 @@
-// rms_norm on CUDA: the generic row-normalisation kernels (cuda_norm.cuh), uncentred, no bias.
-#include <optional>
-#include <tuple>
-
+// rms_norm on CUDA: the row normalisations' registered functions (norm_ops.h) over the CUDA
+// kernels (cuda_norm.cuh).
 #include <torch/csrc/stable/library.h>
 
 #include "fusedops/cuda_norm.cuh"
-
-namespace fusedops::norm {
-namespace {
-
-std::tuple<Tensor, Tensor> rms_norm_cuda(Tensor input, std::optional<Tensor> weight, double eps, double offset,
-                                        bool cast_before_weight, bool /*save_output: autograd's*/) {
-  const Problem p = forward_problem("rms_norm", input, weight, std::nullopt, eps, offset, cast_before_weight);
-  const ForwardOutputs o = forward_outputs(p, false);
-  cuda::forward<false>(p, o, "rms_norm");
-  return {o.out, o.rstd};
-}
-
-std::tuple<Tensor, Tensor> rms_norm_backward_cuda(Tensor grad_output, Tensor saved, std::optional<Tensor> weight,
-                                                 Tensor rstd, double offset, bool saved_is_output,
-                                                 bool weight_requires_grad) {
-  const BackwardProblem p = backward_problem("rms_norm_backward", "rms_norm", grad_output, saved, weight,
-                                             std::nullopt, std::nullopt, rstd, weight_requires_grad, false, offset,
-                                             saved_is_output);
-  const BackwardOutputs o = backward_outputs(p);
-  cuda::backward<false>(p, o, "rms_norm_backward");
-  return {o.grad_input, o.grad_weight};
-}
-
-}  // namespace
-}  // namespace fusedops::norm
+#include "fusedops/norm_ops.h"
 
 STABLE_TORCH_LIBRARY_IMPL(fusedops, CUDA, m) {
-  m.impl("rms_norm", TORCH_BOX(&fusedops::norm::rms_norm_cuda));
-  m.impl("rms_norm_backward", TORCH_BOX(&fusedops::norm::rms_norm_backward_cuda));
+  using K = fusedops::norm::cuda::Kernels;
+  m.impl("rms_norm", TORCH_BOX(&fusedops::norm::rms_norm<K>));
+  m.impl("rms_norm_backward", TORCH_BOX(&fusedops::norm::rms_norm_backward<K>));
 }

@@ -944,5 +944,26 @@ void add_backward(const BackwardProblem& p, const BackwardOutputs& o, const char
   });
 }
 
+// The kernels as one type, for the registered functions shared by both backends (norm_ops.h).
+// Member templates, so that a translation unit compiles only the kernels its functions call.
+struct Kernels {
+  template <bool kCentered>
+  static void forward(const Problem& p, const ForwardOutputs& o, const char* op) {
+    cuda::forward<kCentered>(p, o, op);
+  }
+  template <bool kCentered>
+  static void backward(const BackwardProblem& p, const BackwardOutputs& o, const char* op) {
+    cuda::backward<kCentered>(p, o, op);
+  }
+  template <typename = void>
+  static void add_forward(const AddProblem& p, const ForwardOutputs& o, const char* op) {
+    cuda::add_forward(p, o, op);
+  }
+  template <typename = void>
+  static void add_backward(const BackwardProblem& p, const BackwardOutputs& o, const char* op) {
+    cuda::add_backward(p, o, op);
+  }
+};
+
 }  // namespace
 }  // namespace fusedops::norm::cuda
