@@ -1,25 +1,26 @@
-// Row normalisations (rms_norm, layer_norm): argument checks and output allocation shared by
-// their CPU and CUDA kernels. The Python fake kernels (src/fusedops/ops/_norm.py) raise the
-// same messages.
-// SEMANTICS (what every backend computes; the kernel headers implement this):
-//   acc = float32 (float64 for float64 input). T = input dtype; W = weight dtype (T, or float32 with 16-bit T); R = residual dtype (T, or float32 with 16-bit T).
+// Row normalisations (rms_norm, add_rms_norm, layer_norm): argument checks and output
+// allocation shared by their CPU and CUDA kernels. The Python fake kernels
+// (src/fusedops/ops/_norm.py) raise the same messages.
 //
-//   rms_norm(input x, weight?, eps, offset, cast_before_weight) -> (output, rstd):
-//   - rstd[r] = 1/sqrt(mean_j x^2 + eps) (acc); xhat = x * rstd
-//   - if cast_before_weight: xhat = round-to-T(xhat) (then back to acc)  [LLaMA/HF: normalise in fp32, cast, multiply by weight]
-//   - v = xhat * (offset + w[j]) with a weight (offset + w in acc); v = xhat without one (offset is then 0, checked)
-//   - output = round-to-T(v), contiguous. rstd has the leading shape, acc dtype.
-//   rms_norm_backward(grad_output dy, saved, weight?, rstd, offset, saved_is_output, weight_requires_grad):
-//   - saved_is_output: `saved` is the forward's OUTPUT y (dtype T) and xhat = y / (offset + w[j]) (xhat = y without weight); else saved is x and xhat = x * rstd.
-//   - g = dy * (offset + w) (g = dy without weight); dx = rstd * (g - xhat * mean_j(g * xhat)); dw[j] = sum_r dy * xhat (deterministic, as today).
-//   - No cast flag in backward (rounding counts as identity for the gradient).
-//   add_rms_norm(input x (T), residual r (R), weight?, eps, offset, cast_before_weight) -> (output (T), residual_out (R), rstd):
-//   - h = round-to-R(x + r) (sum in acc), written to residual_out; then rms_norm of the ROUNDED h exactly as above, output in T (cast_before_weight rounds xhat to T). One read of x and r, one write of output and residual_out on the register-caching paths.
-//   - add_rms_norm_ (in place): same, but residual_out is the residual tensor itself (possibly strided rows, addressed by its RowLayout; each thread reads its residual elements before writing the same ones).
-//   add_rms_norm_backward(dy (T), grad_residual_out (R, optional), residual_out h (R), weight?, rstd, offset, weight_requires_grad):
-//   - dh = [rms_norm backward of dy w.r.t. h, xhat = h * rstd, g = dy*(offset+w)] + grad_residual_out (if given), in acc.
-//   - grad_input = round-to-T(dh); grad_residual = round-to-R(dh) only when R != T (else absent: grad_input serves both). dw as for rms_norm.
-//   layer_norm (centred, bias) is unchanged.
+// What every backend computes (CPU, CUDA and Triton agree). acc = float32 (float64 for float64
+// input); T = input dtype; W = weight dtype (T, or float32 with 16-bit T); R = residual dtype
+// (T, or float32 with 16-bit T).
+//
+// rms_norm(x, weight?, eps, offset, cast_before_weight) -> (output, rstd)
+//   rstd = 1 / sqrt(mean_j x^2 + eps); xhat = x * rstd, rounded to T and back when
+//   cast_before_weight (LLaMA); output = round_T(xhat * (offset + w)) (xhat without a weight,
+//   where offset must be 0).
+// rms_norm_backward(dy, saved, weight?, rstd, offset, saved_is_output, weight_requires_grad)
+//   xhat = saved * rstd, or saved / (offset + w) when `saved` is the forward's output;
+//   g = dy * (offset + w); dx = rstd * (g - xhat * mean_j(g * xhat)); dw = sum_rows dy * xhat
+//   (the casting mode's rounding counts as the identity).
+// add_rms_norm(x, residual, weight?, eps, offset, cast_before_weight)
+//   -> (output in T, residual_out in R, rstd): h = round_R(x + residual) is residual_out, and
+//   output is rms_norm of that rounded h. add_rms_norm_ writes h into residual itself.
+// add_rms_norm_backward(dy, grad_residual_out?, residual_out, weight?, rstd, offset, ...)
+//   dh = rms_norm_backward(dy, h) + grad_residual_out; grad_input = round_T(dh), and
+//   grad_residual = round_R(dh) only when R is wider than T.
+// layer_norm centres the row first and adds a bias; it has none of these options.
 #pragma once
 
 #include <cmath>
