@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 MODES = ("fwd", "bwd", "fwd+bwd")
-SIZES = ("large", "small")
+SIZES = ("large", "wide", "small")
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -67,8 +67,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 class Case:
     """One benchmarked problem: a shape and a dtype.
 
-    ``size`` is "large" (bandwidth decides) or "small" (per-call overhead
-    decides); ``--shapes small|large`` filters on it.
+    ``size`` is "large" (bandwidth decides), "wide" (bandwidth decides, on
+    rows wide enough to need other kernels) or "small" (per-call overhead
+    decides); ``--shapes small|large|wide`` filters on it.
     """
 
     shape: tuple
@@ -793,7 +794,7 @@ def _case_order(rows, entry: Optional[OpEntry], device: str) -> list:
         (shape, dtype), size = item
         if (shape, dtype) in declared:
             return (0, declared.index((shape, dtype)), "")
-        return (1, SIZES.index(size) if size in SIZES else 2, shape + dtype)
+        return (1, SIZES.index(size) if size in SIZES else len(SIZES), shape + dtype)
 
     return [(s, d, z) for (s, d), z in sorted(seen.items(), key=rank)]
 

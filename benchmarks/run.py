@@ -51,7 +51,7 @@ def parse_args(argv=None):
                         help="comma-separated provider filter: a key (eager, torch.compile, liger, quack, "
                              "fusedops, fusedops-raw), a label (fusedops-triton) or a glob; "
                              "'fusedops' matches every fusedops-<backend> (default: all default providers)")
-    parser.add_argument("--shapes", choices=("small", "large", "all"), default="all")
+    parser.add_argument("--shapes", choices=("small", "large", "wide", "all"), default="all")
     parser.add_argument("--quick", action="store_true",
                         help="few repetitions, for smoke tests (numbers are not measurements)")
     parser.add_argument("--out", type=Path, default=None,

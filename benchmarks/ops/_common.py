@@ -19,12 +19,16 @@ from benchmarks.harness import Case, OpEntry, Probe, Provider, dist_version
 BF16, FP32 = torch.bfloat16, torch.float32
 
 # Both norms are benchmarked on the same problems so their tables can be read
-# side by side: three bandwidth-bound shapes of 64-256 MiB per tensor, and
-# three that only per-call overhead decides.
+# side by side: three bandwidth-bound shapes of 64-256 MiB per tensor, three
+# of 128 MiB whose rows are too wide to keep in registers (up to the 262144
+# the norms promise), and three that only per-call overhead decides.
 ROW_NORM_GPU_CASES = [
     Case((32768, 4096), BF16, "large"),
     Case((4096, 8192), BF16, "large"),
     Case((65536, 1024), BF16, "large"),
+    Case((2048, 32768), BF16, "wide"),
+    Case((512, 131072), BF16, "wide"),
+    Case((256, 262144), BF16, "wide"),
     Case((1, 4096), BF16, "small"),
     Case((16, 4096), BF16, "small"),
     Case((256, 4096), BF16, "small"),
