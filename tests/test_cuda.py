@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fusedops
-from fusedops.testing import OP_TESTS, grads_for, outputs_of
+from fusedops.testing import OP_TESTS, OP_TESTS_BY_NAME, Sample, check_against_reference, grads_for, outputs_of
 from conftest import HAS_CUDA, NO_GPU_REASON
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)]
@@ -106,6 +106,37 @@ def test_more_than_2_31_elements(info):
         expected = outputs_of(info.reference(*part_args))
         for o, e in zip(out, expected, strict=True):
             torch.testing.assert_close(o[part].double(), e.double(), atol=1e-2, rtol=1e-2)
+
+
+# Row widths past the register-caching kernels (16384 bf16, 8192 fp32 values): one block per
+# row, a cluster of 2, one of 8 with a vector to spare, a full cluster of 8 (bf16; fp32 rows
+# this wide are swept), and a width that is no multiple of any vector (swept).
+WIDE_ROWS = [16392, 40960, 131080, 262144, 262143]
+NORMS = [pytest.param(OP_TESTS_BY_NAME[name], id=name) for name in ("rms_norm", "add_rms_norm", "layer_norm")]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("n", WIDE_ROWS)
+@pytest.mark.parametrize("info", NORMS)
+def test_wide_rows(info, n, dtype):
+    """Values and gradients of rows up to 262144 wide against the fp64 reference."""
+    check_against_reference(info, info.sample_for_shape("cuda", dtype, (3, n), requires_grad=True), dtype)
+
+
+@pytest.mark.parametrize("n", WIDE_ROWS)
+def test_wide_rows_add_rms_norm_float32_residual(n):
+    """add_rms_norm's wide rows with a float32 residual stream under bf16 activations, also in place."""
+    info = OP_TESTS_BY_NAME["add_rms_norm"]
+    x = torch.randn(3, n, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    r = torch.randn(3, n, dtype=torch.float32, device="cuda", requires_grad=True)
+    w = torch.randn(n, dtype=torch.float32, device="cuda", requires_grad=True)
+    check_against_reference(info, Sample((x, r, w, 1e-6), f"[3, {n}]-residual_fp32"), torch.bfloat16)
+    with torch.no_grad():
+        expected_out, expected_res = fusedops.add_rms_norm(x, r, w)
+        r2 = r.detach().clone()
+        out = fusedops.add_rms_norm_(x.detach(), r2, w.detach())
+    torch.testing.assert_close(out, expected_out, atol=0, rtol=0)
+    torch.testing.assert_close(r2, expected_res, atol=0, rtol=0)
 
 
 def test_gpu_without_code_falls_back_to_triton():

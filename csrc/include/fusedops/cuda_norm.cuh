@@ -18,10 +18,13 @@
 // values (packed, for 16-bit R) as its cached row: one read of x and of the residual, one write
 // of y and of residual_out. In place, residual_out is the residual: each thread reads its
 // elements before it writes them.
-// Rows wider than 8 vectors x 256 threads (16384 bf16), and inputs that are not 16-byte
-// aligned, take a sweeping kernel of the same math that reads the row again for each statistic
-// (mostly from L2); add_rms_norm's sweep writes residual_out on the first pass and reads it
-// back after (each thread only the elements it wrote).
+// Forward rows wider than 8 vectors x 256 threads (16384 bf16) are cached the same way by a
+// thread-block cluster of up to 8 blocks of 1024 threads (sm_90; up to 262144 bf16 values),
+// which add their partial sums through distributed shared memory. Wider rows, the backward of
+// rows wider than a block caches, and inputs that are not 16-byte aligned take a sweeping
+// kernel of the same math that reads the row again for each statistic (from L2 while the rows
+// in flight fit there); add_rms_norm's sweep writes residual_out on the first pass and reads
+// it back after (each thread only the elements it wrote).
 //
 // Backward: a persistent grid of one wave of resident blocks; each row slot walks a fixed set
 // of rows with four vectors per thread in flight (x and grad_output), writes grad_input, and
@@ -322,6 +325,181 @@ __global__ void __launch_bounds__(kSweepThreads)
   for (int64_t col = threadIdx.x * VEC; col < n; col += step) normalize_store<C, VEC>(a, yr, values(col), col, mu, rs);
 }
 
+// Rows too wide for one block's registers but within a cluster's: a thread-block cluster of
+// blocks (sm_90) per row, each keeping its share of the row in registers (vectors dealt to the
+// blocks in turn, so the shares differ by at most one vector per thread). Each block sums its
+// share, publishes the sums in its shared memory, and after a cluster barrier every block adds
+// all the blocks' sums in rank order through distributed shared memory: the same totals, bit
+// for bit, in every block. One read of each input and one write of each output however wide
+// the row, where the sweeping kernels read wide rows again for each statistic and a row of 256K
+// bf16 values does not stay in L2 between the reads.
+constexpr int kClusterThreads = 512;
+constexpr int kMaxCluster = 8;           // the portable cluster size: the forward's limit
+constexpr int kMaxBackwardCluster = 16;  // the backward keeps twice the data: 16 blocks (non-portable, sm_90)
+constexpr int kClusterBackwardVecs = 4;
+
+// Clusters exist from sm_90 on. Code compiled for an older architecture (a PTX-only build that
+// the driver compiles for a newer GPU, say) has none of this: the host never picks the cluster
+// kernel for it (cluster_kernel_usable), and these stubs only keep it compiling.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FUSEDOPS_CLUSTERS 1
+#endif
+
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r = 0;
+#ifdef FUSEDOPS_CLUSTERS
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_blocks() {
+  unsigned r = 1;
+#ifdef FUSEDOPS_CLUSTERS
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+#endif
+  return r;
+}
+// The two halves of a cluster barrier: arrive (release: this block's shared-memory writes
+// become visible to the cluster) and wait (acquire) for every block's arrival.
+__device__ __forceinline__ void cluster_arrive() {
+#ifdef FUSEDOPS_CLUSTERS
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#ifdef FUSEDOPS_CLUSTERS
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// `slot` (in this block's shared memory) as seen from the block of cluster rank `rank`.
+template <typename A>
+__device__ __forceinline__ A load_cluster_shared(const A* slot, unsigned rank) {
+#ifdef FUSEDOPS_CLUSTERS
+  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(slot));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  A v;
+  if constexpr (sizeof(A) == 8) {
+    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote) : "memory");
+  } else {
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  }
+  return v;
+#else
+  return *slot;
+#endif
+}
+
+// Sums K values over the cluster's threads: returns them in v, the same in every thread.
+// `warps` (K x kClusterThreads / 32 values) and `totals` (K) are this block's scratch; `slot` (K)
+// publishes its sums: the caller keeps a slot unwritten until every block has read it (a slot
+// per call, or one barrier between a read and the next write).
+template <int K, typename A>
+__device__ __forceinline__ void cluster_sum(A (&v)[K], A* warps, A* slot, A* totals) {
+  constexpr int kWarps = kClusterThreads / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    v[k] = warp_sum(v[k]);
+    if (lane == 0) warps[k * kWarps + warp] = v[k];
+  }
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const A w = warp_sum(lane < kWarps ? warps[k * kWarps + lane] : A(0));
+      if (lane == 0) slot[k] = w;
+    }
+  }
+  cluster_arrive();
+  cluster_wait();
+  if (warp == 0) {
+    const unsigned blocks = cluster_blocks();
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      A s = 0;
+      for (unsigned r = 0; r < blocks; ++r) s += load_cluster_shared(slot + k, r);  // rank order: identical everywhere
+      if (lane == 0) totals[k] = s;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = totals[k];
+}
+
+// Column of the i-th vector of this thread, in a cluster of `blocks` blocks. Within int: the
+// cluster kernels serve rows of at most kMaxBackwardCluster * kClusterThreads * 8 vectors.
+template <int VEC>
+__device__ __forceinline__ int cluster_column(int i, unsigned blocks, unsigned rank) {
+  return int(((i * blocks + rank) * kClusterThreads + threadIdx.x) * VEC);
+}
+
+template <typename C, int VEC, int VPT>
+__global__ void __launch_bounds__(kClusterThreads)
+    forward_cluster_kernel(ForwardArgs<C> a, RowLayout rows, ResidualRows<C::add> res_rows, int64_t n,
+                           typename C::A eps) {
+  using T = typename C::T;
+  using R = typename C::R;
+  using A = typename C::A;
+  __shared__ A warps[kClusterThreads / 32];
+  __shared__ A slots[2], totals[1];
+  const unsigned rank = cluster_rank(), blocks = cluster_blocks();
+  const int64_t row = blockIdx.x / blocks;  // (32-bit division)
+  const T* xr = a.x + rows.offset(row);
+  const auto column = [&](int i) { return cluster_column<VEC>(i, blocks, rank); };
+  std::conditional_t<C::add, Held<R, VEC>, Vec<T, VEC>> xv[VPT];
+  if constexpr (C::add) {
+    const R* rr = a.r + res_rows.r.offset(row);
+    R* hr = a.h + res_rows.h.offset(row);
+    Vec<T, VEC> xin[VPT];
+    Vec<R, VEC> rin[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (column(i) < n) {
+        xin[i] = load_vec<T, VEC>(xr + column(i));
+        rin[i] = load_vec<R, VEC>(rr + column(i));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (column(i) < n) {
+        xv[i] = add_rounded<C>(xin[i], rin[i]);
+        store_held<R, VEC>(hr + column(i), xv[i]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (column(i) < n) xv[i] = load_vec<T, VEC>(xr + column(i));
+  }
+  A mu = 0;
+  if constexpr (C::centered) {
+    A s[1] = {0};
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (column(i) < n) s[0] += vec_sum<A, VEC>(xv[i], A(0), false);
+    cluster_sum(s, warps, &slots[1], totals);
+    mu = s[0] / A(n);
+  }
+  A ss[1] = {0};
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    if (column(i) < n) ss[0] += vec_sum<A, VEC>(xv[i], mu, true);
+  cluster_sum(ss, warps, &slots[0], totals);
+  cluster_arrive();  // this block has read every slot it will read
+  const A rs = rsqrt_acc(ss[0] / A(n) + eps);
+  if (rank == 0 && threadIdx.x == 0) {
+    a.rstd[row] = rs;
+    if constexpr (C::centered) a.mean[row] = mu;
+  }
+  T* yr = a.y + row * n;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    if (column(i) < n) normalize_store<C, VEC>(a, yr, xv[i], column(i), mu, rs);
+  cluster_wait();  // no block leaves while another may still read its slots
+}
+
 // The pointers and runtime options of one backward. Partials: null when that gradient is not
 // wanted, else one row of n per block (per row slot for the sweeping kernel).
 template <typename C>
@@ -540,6 +718,73 @@ __global__ void __launch_bounds__(kBlock, VPT <= backward_target<C>() ? 2 : 1)
     if (want_db) store_block_partial<A, VEC, TPR, VPT>(a.db_partial + int64_t(blockIdx.x) * n, dbp, shared, n);
 }
 
+// The backward of rows too wide for a block to cache: a persistent grid of clusters, each
+// walking a fixed set of rows. Each block keeps its share of the row's x and grad_output in
+// registers (columns dealt as in the forward), and the parameter-gradient partials of its
+// columns across the rows it walks; the row sums go through the cluster (cluster_sum, two
+// slots alternating by row: a block writes a slot again only after the next row's barrier,
+// which every block reaches after reading it). Each cluster writes one row of the (clusters, n)
+// partial buffers, each column by one thread.
+template <typename C, int VEC, int VPT>
+__global__ void __launch_bounds__(kClusterThreads, 1)
+    backward_cluster_kernel(BackwardArgs<C> a, RowLayout dy_rows, RowLayout x_rows, GradResidualRows<C::add> dh_rows,
+                            int64_t num_rows, int64_t n) {
+  using T = typename C::T;
+  using R = typename C::R;
+  using A = typename C::A;
+  constexpr int kSums = C::centered ? 2 : 1;
+  __shared__ A warps[kSums * kClusterThreads / 32];
+  __shared__ A slots[2][kSums], totals[kSums];
+  const unsigned rank = cluster_rank(), blocks = cluster_blocks();
+  const unsigned cluster = blockIdx.x / blocks, clusters = gridDim.x / blocks;
+  const auto column = [&](int i) { return cluster_column<VEC>(i, blocks, rank); };
+  const A inv_n = A(1) / A(n);
+  A dwp[VPT][VEC], dbp[C::centered ? VPT : 1][VEC];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) dwp[i][k] = 0;
+#pragma unroll
+  for (int i = 0; i < (C::centered ? VPT : 1); ++i)
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) dbp[i][k] = 0;
+  int parity = 0;
+  for (int64_t row = cluster; row < num_rows; row += clusters) {  // uniform across the cluster
+    const R* xr = a.x + x_rows.offset(row);
+    const T* gr = a.dy + dy_rows.offset(row);
+    Vec<R, VEC> xv[VPT];
+    Vec<T, VEC> gv[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (column(i) < n) {
+        xv[i] = load_vec<R, VEC>(xr + column(i));
+        gv[i] = load_vec<T, VEC>(gr + column(i));
+      }
+    }
+    const A mu = C::centered ? a.mean[row] : A(0);
+    A sums[kSums] = {};
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (column(i) < n) add_row_sums<C, VEC>(sums, xv[i], gv[i], a.w, column(i), mu, a.offset);
+    cluster_sum(sums, warps, slots[parity], totals);
+    parity ^= 1;
+    const RowGrad<C> rg = row_grad<C>(a, dh_rows, row, n, sums, mu, inv_n);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (column(i) < n)
+        grad_input_store<C, VEC>(rg, xv[i], gv[i], a.w, column(i), a.offset, dwp[i], dbp[C::centered ? i : 0]);
+  }
+  cluster_arrive();  // (the last row's slots: released once every block has read them)
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (column(i) >= n) continue;
+    if (a.dw_partial != nullptr) store_acc<A, VEC>(a.dw_partial + int64_t(cluster) * n + column(i), dwp[i]);
+    if constexpr (C::centered)
+      if (a.db_partial != nullptr) store_acc<A, VEC>(a.db_partial + int64_t(cluster) * n + column(i), dbp[i]);
+  }
+  cluster_wait();
+}
+
 // The sweeping backward (wide or unaligned rows): blockDim.x threads per row, blockDim.y row
 // slots per block, each slot with its own row of each partial buffer.
 template <typename C, int VEC>
@@ -613,15 +858,27 @@ struct Shape {
   int vec = 1;  // elements per access
   int tpr = 0;
   int vpt = 0;
+  int cluster = 0;  // > 0: the cluster kernel (forward only), with this many blocks per row
 };
 
 // The caching shape for rows of `nvec` vectors, aiming at `target` vectors per thread: the
 // fewest threads per row (from 8, up to a block) that reach it, then as many vectors as needed.
-Shape cached_shape(int vec, int64_t nvec, int target) {
+Shape cached_shape(int vec, int64_t nvec, int target, int max_cluster, int max_cluster_vpt) {
   Shape s;
   s.vec = vec;
   if (nvec > int64_t(kBlock) * kMaxVecsPerThread) {
     s.tpr = kSweepThreads;
+    if (max_cluster > 0) {  // the fewest blocks at 4 vectors a thread, then (forward) 8 vectors
+      int blocks = 2;
+      while (blocks < max_cluster && int64_t(blocks) * kClusterThreads * 4 < nvec) blocks *= 2;
+      int vpt = 4;
+      if (int64_t(blocks) * kClusterThreads * vpt < nvec && max_cluster_vpt >= 8) vpt = 8;
+      if (int64_t(blocks) * kClusterThreads * vpt >= nvec) {
+        s.tpr = kClusterThreads;
+        s.vpt = vpt;
+        s.cluster = blocks;
+      }
+    }
     return s;
   }
   s.tpr = 8;
@@ -643,7 +900,10 @@ struct Operand {
 // and every operand's base pointer and row strides (and the parameters) to be 16-byte aligned;
 // otherwise a scalar sweep (threads per row: a power of two from 32 to 256 covering the row,
 // 256 / tpr rows per block, or 1024 for rows wider than 256 elements).
-Shape make_shape(const Problem& p, int vec, std::initializer_list<Operand> operands, int target) {
+// max_cluster > 0: rows too wide to cache in a block may take the cluster kernels, with up to
+// that many blocks and max_cluster_vpt vectors a thread.
+Shape make_shape(const Problem& p, int vec, std::initializer_list<Operand> operands, int target,
+                 int max_cluster = 0, int max_cluster_vpt = 4) {
   bool aligned = p.n % vec == 0;
   for (const std::optional<Tensor>* param : {&p.weight, &p.bias})
     aligned = aligned && (!*param || aligned16((*param)->const_data_ptr()));
@@ -653,7 +913,7 @@ Shape make_shape(const Problem& p, int vec, std::initializer_list<Operand> opera
     if (o.rows != nullptr)
       for (int d = 0; d < o.rows->ndim; ++d) aligned = aligned && (o.rows->strides[d] * o.elem_size) % 16 == 0;
   }
-  if (aligned) return cached_shape(vec, (p.n + vec - 1) / vec, target);
+  if (aligned) return cached_shape(vec, (p.n + vec - 1) / vec, target, max_cluster, max_cluster_vpt);
   Shape s;
   s.tpr = 32;
   while (s.tpr < kBlock && s.tpr < p.n) s.tpr *= 2;
@@ -742,6 +1002,75 @@ int resident_blocks(int threads) {
   return v;
 }
 
+// Whether Kernel (a cluster kernel) runs its real code on the current GPU: the code the GPU
+// runs was compiled for sm_90 or newer (ptxVersion: the virtual architecture it came from).
+// Asked once per kernel; a process drives GPUs of one architecture here.
+template <auto Kernel>
+bool cluster_kernel_usable() {
+  static const bool usable = [] {
+    cudaFuncAttributes attributes;
+    if (cudaFuncGetAttributes(&attributes, Kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attributes.ptxVersion >= 90 && attributes.binaryVersion >= 90;
+  }();
+  return usable;
+}
+
+// Launches `kernel` on `grid` blocks in clusters of `cluster` blocks (more than 8: sm_90's
+// non-portable sizes, which the kernel must have been allowed, see allow_large_clusters).
+template <typename... KernelArgs, typename... Args>
+void launch_cluster(void (*kernel)(KernelArgs...), unsigned grid, int cluster, cudaStream_t stream, const char* op,
+                    Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(kClusterThreads);
+  config.stream = stream;
+  cudaLaunchAttribute cluster_dim;
+  cluster_dim.id = cudaLaunchAttributeClusterDimension;
+  cluster_dim.val.clusterDim.x = unsigned(cluster);
+  cluster_dim.val.clusterDim.y = 1;
+  cluster_dim.val.clusterDim.z = 1;
+  config.attrs = &cluster_dim;
+  config.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  STD_TORCH_CHECK(e == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(e));
+}
+
+// Clusters of `cluster` blocks of Kernel that can be resident at once (0: none fit, or
+// clusters unsupported), asked once per kernel and size; sizes above 8 are allowed first.
+template <auto Kernel>
+int resident_clusters(int cluster) {
+  static std::atomic<int> cached[kMaxBackwardCluster + 1] = {};
+  std::atomic<int>& r = cached[cluster];
+  int v = r.load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (cluster > kMaxCluster &&
+        cudaFuncSetAttribute(Kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      (void)cudaGetLastError();
+      v = -1;
+    } else {
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(unsigned(cluster));
+      config.blockDim = dim3(kClusterThreads);
+      cudaLaunchAttribute cluster_dim;
+      cluster_dim.id = cudaLaunchAttributeClusterDimension;
+      cluster_dim.val.clusterDim.x = unsigned(cluster);
+      cluster_dim.val.clusterDim.y = 1;
+      cluster_dim.val.clusterDim.z = 1;
+      config.attrs = &cluster_dim;
+      config.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&v, Kernel, &config) != cudaSuccess || v <= 0) {
+        (void)cudaGetLastError();
+        v = -1;
+      }
+    }
+    r.store(v, std::memory_order_relaxed);
+  }
+  return std::max(v, 0);
+}
+
 // One forward of the kernels configured by C, with add_rms_norm's residual (and its rows) when C::add.
 template <typename C>
 void launch_forward(const Problem& p, const ForwardOutputs& o, const Tensor* residual, const RowLayout* residual_rows,
@@ -773,9 +1102,16 @@ void launch_forward(const Problem& p, const ForwardOutputs& o, const Tensor* res
                               {a.y, nullptr, sizeof(T)},
                               {a.r, residual_rows, sizeof(R)},
                               {a.h, &o.residual_out_rows, sizeof(R)}},
-                             kForwardVecs);
+                             kForwardVecs, cluster_kernel_usable<forward_cluster_kernel<C, kVec, 4>>() ? kMaxCluster : 0, 8);
   const cudaStream_t stream = current_stream(p.input.get_device_index());
-  if (s.vpt == 0) {
+  if (s.cluster > 0) {
+    const auto launch = [&](auto kernel) {
+      launch_cluster(kernel, grid_size(op, p.num_rows * s.cluster), s.cluster, stream, op, a, p.rows, res_rows, p.n,
+                     A(p.eps));
+    };
+    if (s.vpt == 4) launch(forward_cluster_kernel<C, kVec, 4>);
+    else launch(forward_cluster_kernel<C, kVec, 8>);
+  } else if (s.vpt == 0) {
     const int rpb = sweep_rows_per_block(s);
     const auto launch = [&](auto kernel) {
       kernel<<<grid_size(op, (p.num_rows + rpb - 1) / rpb), dim3(s.tpr, rpb), 0, stream>>>(a, p.rows, res_rows,
@@ -822,22 +1158,23 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
     a.dr = data_or_null<R>(o.grad_residual);
     dh_rows.dh = p.grad_residual_rows;
   }
-  const Shape s = make_shape(p, kVec,
-                             {{a.dy, &p.grad_rows, sizeof(T)},
-                              {a.x, &p.rows, sizeof(R)},
-                              {a.dh, &p.grad_residual_rows, sizeof(R)},
-                              {a.dx, nullptr, sizeof(T)},
-                              {a.dr, nullptr, sizeof(R)}},
-                             kTarget);
+  Shape s = make_shape(p, kVec,
+                       {{a.dy, &p.grad_rows, sizeof(T)},
+                        {a.x, &p.rows, sizeof(R)},
+                        {a.dh, &p.grad_residual_rows, sizeof(R)},
+                        {a.dx, nullptr, sizeof(T)},
+                        {a.dr, nullptr, sizeof(R)}},
+                       kTarget,
+                       cluster_kernel_usable<backward_cluster_kernel<C, kVec, kClusterBackwardVecs>>()
+                           ? kMaxBackwardCluster
+                           : 0,
+                       kClusterBackwardVecs);
   const int32_t device = p.input.get_device_index();
   const cudaStream_t stream = current_stream(device);
   const int64_t sms = multiprocessor_count(device);
-  // One wave of resident blocks, each walking its rows: as few partial rows to add up as
-  // the bandwidth allows.
-  const auto run = [&](auto kernel_tag, int64_t blocks_needed, dim3 block, int64_t partials_per_block) {
-    constexpr auto kernel = decltype(kernel_tag)::value;
-    const int64_t blocks = std::min(blocks_needed, sms * resident_blocks<kernel>(int(block.x * block.y)));
-    const int64_t num_partials = blocks * partials_per_block;
+  // Allocates the (num_partials, n) partial buffers, runs `launch` (which fills them), and adds
+  // them up into the parameter gradients.
+  const auto run_partials = [&](int64_t num_partials, auto&& launch) {
     const int64_t params = int64_t(p.want_grad_weight) + int64_t(p.want_grad_bias);
     Tensor partial;
     if (params > 0) {
@@ -846,7 +1183,7 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
       if (p.want_grad_weight) a.dw_partial = base;
       if (p.want_grad_bias) a.db_partial = base + (p.want_grad_weight ? num_partials * p.n : 0);
     }
-    kernel<<<grid_size(op, blocks), block, 0, stream>>>(a, p.grad_rows, p.rows, dh_rows, p.num_rows, p.n);
+    launch();
     check_launch(op);
     const dim3 sum_grid(unsigned((p.n + 31) / 32)), sum_block(32, 8);
     if (p.want_grad_weight)
@@ -857,6 +1194,30 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
           a.db_partial, num_partials, p.n, reinterpret_cast<W*>(o.grad_bias.mutable_data_ptr()));
     check_launch(op);
   };
+  // One wave of resident blocks, each walking its rows: as few partial rows to add up as
+  // the bandwidth allows.
+  const auto run = [&](auto kernel_tag, int64_t blocks_needed, dim3 block, int64_t partials_per_block) {
+    constexpr auto kernel = decltype(kernel_tag)::value;
+    const int64_t blocks = std::min(blocks_needed, sms * resident_blocks<kernel>(int(block.x * block.y)));
+    run_partials(blocks * partials_per_block, [&] {
+      kernel<<<grid_size(op, blocks), block, 0, stream>>>(a, p.grad_rows, p.rows, dh_rows, p.num_rows, p.n);
+    });
+  };
+  if (s.cluster > 0) {
+    constexpr auto kernel = backward_cluster_kernel<C, kVec, kClusterBackwardVecs>;
+    const int64_t resident = resident_clusters<kernel>(s.cluster);
+    if (resident > 0) {
+      const int64_t clusters = std::min(p.num_rows, resident);
+      run_partials(clusters, [&] {
+        launch_cluster(kernel, grid_size(op, clusters * s.cluster), s.cluster, stream, op, a, p.grad_rows, p.rows,
+                       dh_rows, p.num_rows, p.n);
+      });
+      return;
+    }
+    s.tpr = kSweepThreads;  // no cluster of that size fits on this GPU: sweep
+    s.vpt = 0;
+    s.cluster = 0;
+  }
   if (s.vpt == 0) {
     const int rpb = sweep_rows_per_block(s);
     const int64_t needed = (p.num_rows + rpb - 1) / rpb;
