@@ -108,6 +108,15 @@ FUSEDOPS_CPU_INLINE A sigmoid(A x) {
   return A(1) / (A(1) + exp_acc(-x));
 }
 
+// s = sigmoid(x) and c = 1 - s, each with a small relative error: for x >= 0, 1 - s would
+// cancel (it is e^-x s); for x < 0, e^-x may be inf while 1 - s is exact enough.
+template <typename A>
+FUSEDOPS_CPU_INLINE void sigmoid_pair(A x, A& s, A& c) {
+  const A e = exp_acc(-x);
+  s = A(1) / (A(1) + e);
+  c = x >= A(0) ? e * s : A(1) - s;
+}
+
 constexpr double kSqrt1_2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
 constexpr double kSqrt2OverPi = 0.79788456080286535588;
@@ -130,9 +139,10 @@ FUSEDOPS_CPU_INLINE A activation(A g) {
 template <Act kAct, typename A>
 FUSEDOPS_CPU_INLINE void activation_grad(A g, A& act, A& dact) {
   if constexpr (kAct == Act::kSilu) {
-    const A s = sigmoid(g);
+    A s, c;
+    sigmoid_pair(g, s, c);
     act = g * s;
-    dact = s * (A(1) + g * (A(1) - s));
+    dact = s * (A(1) + g * c);
   } else if constexpr (kAct == Act::kGelu) {
     const A cdf = A(0.5) * (A(1) + erf_acc(g * A(kSqrt1_2)));
     const A pdf = A(kInvSqrt2Pi) * exp_acc(A(-0.5) * g * g);
@@ -140,9 +150,10 @@ FUSEDOPS_CPU_INLINE void activation_grad(A g, A& act, A& dact) {
     dact = cdf + g * pdf;
   } else {
     const A g2 = g * g;
-    const A s = sigmoid(A(2 * kSqrt2OverPi) * (g + A(kTanhCubic) * g2 * g));
+    A s, c;
+    sigmoid_pair(A(2 * kSqrt2OverPi) * (g + A(kTanhCubic) * g2 * g), s, c);
     act = g * s;
-    dact = s + g * (A(2) * s * (A(1) - s)) * (A(kSqrt2OverPi) * (A(1) + A(3 * kTanhCubic) * g2));
+    dact = s + g * (A(2) * s * c) * (A(kSqrt2OverPi) * (A(1) + A(3 * kTanhCubic) * g2));
   }
 }
 

@@ -11,7 +11,7 @@ from . import ErrorSample, OpTestInfo, Sample, Tolerance
 
 # Widths: 1, odd, not a multiple of any vector width, exactly one 16-byte vector, several, and
 # rows wider than the CPU kernels' span (16384) and than one GPU block's tile.
-SHAPES = [(1, 8), (5, 32), (3, 7, 64), (17, 100), (4, 1), (6, 7), (2, 1000), (3, 4100), (2, 20000)]
+SHAPES = [(1, 8), (3, 7, 64), (17, 100), (4, 1), (6, 7), (2, 1000), (3, 4100), (2, 20000)]
 EDGE_SHAPES = [(0, 16), (2, 0, 8), (3, 0), (16,), (1, 1)]
 # Values where the activations' approximations change branch or saturate (exp's clamps at about
 # -88 and 88, erf's switch at |g| / sqrt(2) = 1 and its saturation at 4).
@@ -91,7 +91,7 @@ def unpacked_samples(modes):
                 yield Sample((g, u) + mode, f"{list(shape)}{tag}")
             # gate and up slices of wider buffers (row strides of their own, not 16-byte
             # multiples), and one contiguous operand beside one strided one.
-            for rows, n, pad in ((5, 33, 3), (4, 64, 8), (3, 4100, 1)):
+            for rows, n, pad in ((5, 33, 3), (3, 4100, 1)):
                 gb = _gate((rows, n + pad), dtype, device)
                 ub = torch.randn(rows, 2 * n + 5, dtype=dtype, device=device)
                 yield Sample((_leaf(gb[:, :n], requires_grad), _leaf(ub[:, 5:n + 5], requires_grad)) + mode,

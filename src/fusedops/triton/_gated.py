@@ -32,6 +32,8 @@ _SQRT1_2 = tl.constexpr(0.7071067811865476)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 _TANH_CUBIC = tl.constexpr(0.044715)
+_TWO_SQRT_2_OVER_PI = tl.constexpr(2 * 0.7978845608028654)
+_THREE_TANH_CUBIC = tl.constexpr(3 * 0.044715)
 
 
 @triton.jit
@@ -40,31 +42,40 @@ def _sigmoid(x):
 
 
 @triton.jit
+def _sigmoid_pair(x):
+    """sigmoid(x) and 1 - sigmoid(x), each with a small relative error (for x >= 0, 1 - s
+    would cancel: it is e^-x s; for x < 0, e^-x may be inf while 1 - s is exact enough)."""
+    e = tl.exp(-x)
+    s = 1.0 / (1.0 + e)
+    return s, tl.where(x >= 0, e * s, 1.0 - s)
+
+
+@triton.jit
 def _act(g, ACT: tl.constexpr):
     if ACT == 0:
         a = g * _sigmoid(g)
     elif ACT == 1:
-        a = 0.5 * g * (1.0 + tl.math.erf(g * _SQRT1_2))
+        a = 0.5 * g * (1.0 + tl.erf(g * _SQRT1_2))
     else:
-        a = g * _sigmoid(2.0 * _SQRT_2_OVER_PI * (g + _TANH_CUBIC * g * g * g))
+        a = g * _sigmoid((g + g * g * g * _TANH_CUBIC) * _TWO_SQRT_2_OVER_PI)
     return a
 
 
 @triton.jit
 def _act_and_grad(g, ACT: tl.constexpr):
     if ACT == 0:
-        s = _sigmoid(g)
+        s, c = _sigmoid_pair(g)
         a = g * s
-        da = s * (1.0 + g * (1.0 - s))
+        da = s * (1.0 + g * c)
     elif ACT == 1:
-        cdf = 0.5 * (1.0 + tl.math.erf(g * _SQRT1_2))
+        cdf = 0.5 * (1.0 + tl.erf(g * _SQRT1_2))
         a = g * cdf
         da = cdf + g * (_INV_SQRT_2PI * tl.exp(-0.5 * g * g))
     else:
         g2 = g * g
-        s = _sigmoid(2.0 * _SQRT_2_OVER_PI * (g + _TANH_CUBIC * g2 * g))
+        s, c = _sigmoid_pair((g + g2 * g * _TANH_CUBIC) * _TWO_SQRT_2_OVER_PI)
         a = g * s
-        da = s + g * (2.0 * s * (1.0 - s)) * (_SQRT_2_OVER_PI * (1.0 + 3.0 * _TANH_CUBIC * g2))
+        da = s + g * (2.0 * s * c) * ((1.0 + g2 * _THREE_TANH_CUBIC) * _SQRT_2_OVER_PI)
     return a, da
 
 
