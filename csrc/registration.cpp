@@ -46,4 +46,24 @@ STABLE_TORCH_LIBRARY(fusedops, m) {
       "layer_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor? bias, Tensor mean, "
       "Tensor rstd, bool weight_requires_grad, bool bias_requires_grad) "
       "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+
+  // Gated activations of a gated MLP: act(gate) * up over tensors of one shape and dtype (the
+  // last dimension the feature dimension), float32 math, output in that dtype. swiglu's act is
+  // silu, geglu's gelu (approximate: "none", the erf form, or "tanh"). The backwards recompute
+  // act from gate rather than keep it: the forward saves only its inputs.
+  m.def("swiglu(Tensor gate, Tensor up) -> Tensor");
+  m.def("swiglu_backward(Tensor grad_output, Tensor gate, Tensor up) -> (Tensor grad_gate, Tensor grad_up)");
+  // The packed forms take the output of a fused gate-up projection, (..., 2n) holding
+  // [gate | up], and return (..., n). Their backward returns one (..., 2n) gradient, so the
+  // projection's backward gets it without a concatenation. Separate ops rather than views into
+  // the unpacked ones: autograd of two views of one tensor would allocate two gradients and add
+  // them into a third.
+  m.def("swiglu_packed(Tensor gate_up) -> Tensor");
+  m.def("swiglu_packed_backward(Tensor grad_output, Tensor gate_up) -> Tensor");
+  m.def("geglu(Tensor gate, Tensor up, str approximate=\"none\") -> Tensor");
+  m.def(
+      "geglu_backward(Tensor grad_output, Tensor gate, Tensor up, str approximate=\"none\") "
+      "-> (Tensor grad_gate, Tensor grad_up)");
+  m.def("geglu_packed(Tensor gate_up, str approximate=\"none\") -> Tensor");
+  m.def("geglu_packed_backward(Tensor grad_output, Tensor gate_up, str approximate=\"none\") -> Tensor");
 }

@@ -21,8 +21,16 @@ class TestSchemas(expecttest.TestCase):
 fusedops::add_rms_norm(Tensor input, Tensor residual, Tensor? weight, float eps, float offset=0., bool cast_before_weight=False) -> (Tensor output, Tensor residual_out, Tensor rstd)
 fusedops::add_rms_norm_(Tensor input, Tensor(a!) residual, Tensor? weight, float eps, float offset=0., bool cast_before_weight=False) -> (Tensor output, Tensor rstd)
 fusedops::add_rms_norm_backward(Tensor grad_output, Tensor? grad_residual_out, Tensor residual_out, Tensor? weight, Tensor rstd, float offset, bool weight_requires_grad) -> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight)
+fusedops::geglu(Tensor gate, Tensor up, str approximate="none") -> Tensor
+fusedops::geglu_backward(Tensor grad_output, Tensor gate, Tensor up, str approximate="none") -> (Tensor grad_gate, Tensor grad_up)
+fusedops::geglu_packed(Tensor gate_up, str approximate="none") -> Tensor
+fusedops::geglu_packed_backward(Tensor grad_output, Tensor gate_up, str approximate="none") -> Tensor
 fusedops::layer_norm(Tensor input, Tensor? weight, Tensor? bias, float eps) -> (Tensor output, Tensor mean, Tensor rstd)
 fusedops::layer_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, bool weight_requires_grad, bool bias_requires_grad) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)
 fusedops::rms_norm(Tensor input, Tensor? weight, float eps, float offset=0., bool cast_before_weight=False, bool save_output=False) -> (Tensor output, Tensor rstd)
 fusedops::rms_norm_backward(Tensor grad_output, Tensor saved, Tensor? weight, Tensor rstd, float offset, bool saved_is_output, bool weight_requires_grad) -> (Tensor grad_input, Tensor grad_weight)
+fusedops::swiglu(Tensor gate, Tensor up) -> Tensor
+fusedops::swiglu_backward(Tensor grad_output, Tensor gate, Tensor up) -> (Tensor grad_gate, Tensor grad_up)
+fusedops::swiglu_packed(Tensor gate_up) -> Tensor
+fusedops::swiglu_packed_backward(Tensor grad_output, Tensor gate_up) -> Tensor
 """)

@@ -3,6 +3,7 @@
     import fusedops
     y = fusedops.rms_norm(x, weight, eps=1e-6)          # functional
     y = fusedops.layer_norm(x, weight, bias, eps=1e-5)
+    h = fusedops.swiglu(gate, up)                       # silu(gate) * up (geglu: gelu)
     y, residual = fusedops.add_rms_norm(x, residual, weight)  # residual-add + norm, one pass
     y, rstd = torch.ops.fusedops.rms_norm(x, weight, 1e-6)  # the registered op
     norm = fusedops.nn.RMSNorm(4096)                    # drop-in module
@@ -18,7 +19,8 @@ build_info = _native.build_info
 from . import ops  # noqa: E402  (registers fake kernels, autograd and autocast rules)
 from . import nn  # noqa: E402
 from .functional import add_rms_norm, add_rms_norm_, layer_norm, rms_norm  # noqa: E402
+from .functional import geglu, geglu_packed, swiglu, swiglu_packed  # noqa: E402
 from .ops import OPS, backend_for  # noqa: E402
 
 __version__ = "0.1.0.dev0"
-__all__ = ["rms_norm", "add_rms_norm", "add_rms_norm_", "layer_norm", "nn", "ops", "OPS", "backend_for", "build_info", "__version__"]
+__all__ = ["rms_norm", "add_rms_norm", "add_rms_norm_", "layer_norm", "swiglu", "geglu", "swiglu_packed", "geglu_packed", "nn", "ops", "OPS", "backend_for", "build_info", "__version__"]

@@ -13,6 +13,10 @@ from ._native import PRECHECK_ARGUMENTS
 from .ops import add_rms_norm as _add_rms_norm
 from .ops import layer_norm as _layer_norm
 from .ops import rms_norm as _rms_norm
+from .ops import geglu as _geglu
+from .ops import geglu_packed as _geglu_packed
+from .ops import swiglu as _swiglu
+from .ops import swiglu_packed as _swiglu_packed
 from .ops._direct import direct_call_allowed
 
 _rms_norm_op = _rms_norm.forward
@@ -148,3 +152,78 @@ def layer_norm(
     if _precheck_routed(input):
         _layer_norm.check_forward(input, weight, bias, eps)
     return _layer_norm_op(input, weight, bias, eps)[0]
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    r"""The gate of a SwiGLU MLP (LLaMA, Mistral, Qwen): ``silu(gate) * up``, in one pass.
+
+    .. math:: y = \frac{g}{1 + e^{-g}} \cdot u
+
+    Args:
+        gate: ``(..., n)`` tensor (the gate projection's output), float32, bfloat16, float16 or
+            float64; any strides on the leading dimensions (no copy is made unless the last
+            dimension is strided).
+        up: the up projection's output: gate's shape, dtype and device; its own strides.
+
+    Returns:
+        A contiguous tensor of gate's shape and dtype. The math is float32 (float64 for float64
+        input); backward recomputes silu from gate (autograd keeps gate and up, nothing else).
+    """
+    if direct_call_allowed():
+        if PRECHECK_ARGUMENTS:
+            _swiglu.check_forward(gate, up)
+        return _swiglu.direct(gate, up)
+    if _precheck_routed(gate):
+        _swiglu.check_forward(gate, up)
+    return _swiglu.forward(gate, up)
+
+
+def geglu(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
+    r"""The gate of a GeGLU MLP (Gemma, T5 v1.1): ``gelu(gate, approximate) * up``, in one pass.
+
+    .. math:: y = \frac{g}{2} \left(1 + \operatorname{erf}\frac{g}{\sqrt 2}\right) \cdot u
+
+    with ``approximate="tanh"`` the tanh form of :func:`torch.nn.functional.gelu`,
+    :math:`\frac{g}{2} (1 + \tanh(\sqrt{2/\pi}\,(g + 0.044715 g^3)))` (Gemma's
+    ``gelu_pytorch_tanh``).
+
+    Args:
+        gate, up: as for :func:`swiglu`.
+        approximate: ``"none"`` (erf, the default) or ``"tanh"``.
+
+    Returns:
+        A contiguous tensor of gate's shape and dtype, computed in float32.
+    """
+    if direct_call_allowed():
+        if PRECHECK_ARGUMENTS:
+            _geglu.check_forward(gate, up, approximate)
+        return _geglu.direct(gate, up, approximate)
+    if _precheck_routed(gate):
+        _geglu.check_forward(gate, up, approximate)
+    return _geglu.forward(gate, up, approximate)
+
+
+def swiglu_packed(gate_up: Tensor) -> Tensor:
+    """:func:`swiglu` of the two halves of one tensor: ``gate_up`` of shape ``(..., 2n)`` holds
+    ``[gate | up]`` (a fused gate-up projection's output, as in Phi-3 or vLLM), the result has
+    shape ``(..., n)``. Its backward writes one ``(..., 2n)`` gradient, which the fused
+    projection's backward takes as it is (no concatenation of two gradients)."""
+    if direct_call_allowed():
+        if PRECHECK_ARGUMENTS:
+            _swiglu_packed.check_forward(gate_up)
+        return _swiglu_packed.direct(gate_up)
+    if _precheck_routed(gate_up):
+        _swiglu_packed.check_forward(gate_up)
+    return _swiglu_packed.forward(gate_up)
+
+
+def geglu_packed(gate_up: Tensor, approximate: str = "none") -> Tensor:
+    """:func:`geglu` of the two halves of ``gate_up`` ``(..., 2n)`` = ``[gate | up]``; see
+    :func:`swiglu_packed`."""
+    if direct_call_allowed():
+        if PRECHECK_ARGUMENTS:
+            _geglu_packed.check_forward(gate_up, approximate)
+        return _geglu_packed.direct(gate_up, approximate)
+    if _precheck_routed(gate_up):
+        _geglu_packed.check_forward(gate_up, approximate)
+    return _geglu_packed.forward(gate_up, approximate)

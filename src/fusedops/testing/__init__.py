@@ -123,6 +123,8 @@ def _assert_close(actual, expected, tol, what):
 from . import add_rms_norm as _add_rms_norm  # noqa: E402
 from . import layer_norm as _layer_norm  # noqa: E402
 from . import rms_norm as _rms_norm  # noqa: E402
+from . import _gated  # noqa: E402
 
 OP_TESTS = [_rms_norm.INFO, _add_rms_norm.INFO, _layer_norm.INFO]
+OP_TESTS += _gated.infos()  # swiglu, geglu, swiglu_packed, geglu_packed
 OP_TESTS_BY_NAME = {info.name: info for info in OP_TESTS}

@@ -1,0 +1,362 @@
+// The CUDA kernels of the gated activations (gated.h says what they compute). Purely
+// memory-bound: the forward reads gate and up and writes y (3 passes), the backward reads
+// grad_output, gate and up and writes grad_gate and grad_up (5 passes); the math (one exp, and
+// an erf for gelu) is far below the instruction budget per byte.
+//
+// Layout: each row is cut into vectors of VEC elements, VEC * sizeof(T) = 16 bytes where every
+// operand's base, row strides and (packed) half offset allow it, else the widest access they
+// all allow (8, 4, 2 bytes: a packed gate_up whose n * sizeof(T) is not a multiple of 16). A
+// row's last vector may be partial; it is read and written element by element. A block of
+// kThreads threads owns a tile of up to kThreads * U vectors: part of one row (wide rows,
+// which are split into equal tiles) or several whole rows (narrow rows). Each thread issues
+// every load of its vectors (16 elements of each input in the forward, 8 in the backward)
+// before it computes and stores, so an SM keeps some 64-100 KB in flight: more than the H200
+// needs per SM to reach its copy bandwidth. When every operand is contiguous the whole tensor is one row of
+// numel elements (gated.h), split into tiles as any wide row: a plain grid over the tensor.
+// Offsets are 64-bit throughout.
+//
+// Everything here has internal linkage: each op's translation unit instantiates what it uses.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include <torch/csrc/stable/accelerator.h>
+
+#include "fusedops/cuda_utils.cuh"
+#include "fusedops/gated.h"
+
+namespace fusedops::gated::cuda {
+namespace {
+
+using namespace fusedops::cuda;
+
+constexpr int kThreads = 256;
+// Vectors a thread owns: 16 elements in the forward (two inputs), 8 in the backward (three
+// inputs, two outputs), at most four vectors. More (four 16-byte vectors of 16-bit data in the
+// forward takes 97 registers) would halve the resident threads for no more bytes in flight.
+__host__ __device__ constexpr int forward_unroll(int vec) { return vec >= 8 ? 2 : 4; }
+__host__ __device__ constexpr int backward_unroll(int vec) { return vec >= 8 ? 1 : vec >= 4 ? 2 : 4; }
+
+__device__ __forceinline__ float exp_acc(float x) { return __expf(x); }
+__device__ __forceinline__ double exp_acc(double x) { return exp(x); }
+__device__ __forceinline__ float erf_acc(float x) { return erff(x); }
+__device__ __forceinline__ double erf_acc(double x) { return erf(x); }
+// 1 / (1 + e^-x); e^-x = inf (x < -88) gives 0, as it should.
+__device__ __forceinline__ float sigmoid(float x) { return __frcp_rn(1.0f + __expf(-x)); }
+__device__ __forceinline__ double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+__device__ __forceinline__ float rcp_acc(float x) { return __frcp_rn(x); }
+__device__ __forceinline__ double rcp_acc(double x) { return 1.0 / x; }
+// s = sigmoid(x) and c = 1 - s, each with a small relative error: for x >= 0, 1 - s would
+// cancel (it is e^-x s); for x < 0, e^-x may be inf while 1 - s is exact enough.
+template <typename A>
+__device__ __forceinline__ void sigmoid_pair(A x, A& s, A& c) {
+  const A e = exp_acc(-x);
+  s = rcp_acc(A(1) + e);
+  c = x >= A(0) ? e * s : A(1) - s;
+}
+
+constexpr double kSqrt1_2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
+constexpr double kSqrt2OverPi = 0.79788456080286535588;
+constexpr double kTanhCubic = 0.044715;
+
+template <Act kAct, typename A>
+__device__ __forceinline__ A activation(A g) {
+  if constexpr (kAct == Act::kSilu) {
+    return g * sigmoid(g);
+  } else if constexpr (kAct == Act::kGelu) {
+    return A(0.5) * g * (A(1) + erf_acc(g * A(kSqrt1_2)));
+  } else {
+    return g * sigmoid(A(2 * kSqrt2OverPi) * (g + A(kTanhCubic) * g * g * g));
+  }
+}
+
+template <Act kAct, typename A>
+__device__ __forceinline__ void activation_grad(A g, A& act, A& dact) {
+  if constexpr (kAct == Act::kSilu) {
+    A s, c;
+    sigmoid_pair(g, s, c);
+    act = g * s;
+    dact = s * (A(1) + g * c);
+  } else if constexpr (kAct == Act::kGelu) {
+    const A cdf = A(0.5) * (A(1) + erf_acc(g * A(kSqrt1_2)));
+    act = g * cdf;
+    dact = cdf + g * (A(kInvSqrt2Pi) * exp_acc(A(-0.5) * g * g));
+  } else {
+    const A g2 = g * g;
+    A s, c;
+    sigmoid_pair(A(2 * kSqrt2OverPi) * (g + A(kTanhCubic) * g2 * g), s, c);
+    act = g * s;
+    dact = s + g * (A(2) * s * c) * (A(kSqrt2OverPi) * (A(1) + A(3 * kTanhCubic) * g2));
+  }
+}
+
+// One strided input: element (r, j) at p + rows.offset(r) + j.
+template <typename T>
+struct In {
+  const T* __restrict__ p;
+  RowLayout rows;
+};
+
+template <typename T>
+struct Args {
+  In<T> g, u, dy;  // dy: backward only
+  T* __restrict__ out0;  // y, or grad_gate
+  T* __restrict__ out1;  // grad_up
+  int64_t out_row_stride;
+  int64_t n;          // elements per row
+  int64_t nvec;       // vectors per row (the last one may be partial)
+  int64_t num_rows;
+  int64_t rows_per_block;  // > 1 only for narrow rows (then tiles_per_row is 1)
+  int64_t tiles_per_row;
+};
+
+// Loads the vector at column `col` of a row (partial at the row's end: the missing elements 0).
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> load_at(const T* row, int64_t col, int64_t n) {
+  if (col + VEC <= n) return load_vec<T, VEC>(row + col);
+  Vec<T, VEC> v;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) v.v[k] = col + k < n ? row[col + k] : T(0.0f);
+  return v;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_at(T* row, int64_t col, int64_t n, const acc_t<T> (&vals)[VEC]) {
+  if (col + VEC <= n) {
+    store_from_acc<T, VEC>(row + col, vals);
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k)
+      if (col + k < n) row[col + k] = from_acc<T>(vals[k]);
+  }
+}
+
+// The block's tile: rows [row0, row0 + rows) and vectors [c0, c0 + width) of each. kWide: part
+// of one row (rows = 1; wide rows are split into tiles_per_row equal tiles); else whole rows,
+// rows_per_block of them.
+struct Tile {
+  int64_t row0, rows, c0, width;
+
+  template <bool kWide, typename T>
+  __device__ __forceinline__ static Tile of(const Args<T>& a) {
+    Tile t;
+    const int64_t b = blockIdx.x;
+    if constexpr (kWide) {
+      t.row0 = b / a.tiles_per_row;
+      t.rows = 1;
+      const int64_t k = b % a.tiles_per_row;
+      t.c0 = k * a.nvec / a.tiles_per_row;
+      t.width = (k + 1) * a.nvec / a.tiles_per_row - t.c0;
+    } else {
+      t.row0 = b * a.rows_per_block;
+      t.rows = min(a.rows_per_block, a.num_rows - t.row0);
+      t.c0 = 0;
+      t.width = a.nvec;
+    }
+    return t;
+  }
+};
+
+// Where slot i (0 <= i < U) of this thread falls: the element offsets of its vector in each
+// operand and in the outputs, or false when the tile has no such vector. A wide tile's slots
+// share one row, whose offsets are formed once.
+template <bool kWide, int U, int VEC, typename T>
+struct Slots {
+  int64_t g[U], u[U], dy[U], out[U], col[U];
+  bool live[U];
+
+  __device__ __forceinline__ Slots(const Args<T>& a, const Tile& t, bool backward) {
+    if constexpr (kWide) {
+      const int64_t g0 = a.g.rows.offset(t.row0), u0 = a.u.rows.offset(t.row0);
+      const int64_t d0 = backward ? a.dy.rows.offset(t.row0) : 0, o0 = t.row0 * a.out_row_stride;
+#pragma unroll
+      for (int i = 0; i < U; ++i) {
+        const int64_t l = threadIdx.x + int64_t(i) * kThreads;
+        live[i] = l < t.width;
+        col[i] = (t.c0 + l) * VEC;
+        g[i] = g0;
+        u[i] = u0;
+        dy[i] = d0;
+        out[i] = o0;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < U; ++i) {
+        const int64_t l = threadIdx.x + int64_t(i) * kThreads;
+        live[i] = l < t.rows * t.width;
+        const int64_t row = t.row0 + (live[i] ? l / t.width : 0);
+        col[i] = (live[i] ? l % t.width : 0) * VEC;
+        g[i] = a.g.rows.offset(row);
+        u[i] = a.u.rows.offset(row);
+        dy[i] = backward ? a.dy.rows.offset(row) : 0;
+        out[i] = row * a.out_row_stride;
+      }
+    }
+  }
+};
+
+template <Act kAct, typename T, int VEC, bool kWide>
+__global__ void __launch_bounds__(kThreads) forward_kernel(Args<T> a) {
+  using A = acc_t<T>;
+  constexpr int U = forward_unroll(VEC);
+  const Slots<kWide, U, VEC, T> s(a, Tile::of<kWide>(a), false);
+  Vec<T, VEC> gv[U], uv[U];
+#pragma unroll
+  for (int i = 0; i < U; ++i) {
+    if (s.live[i]) {
+      gv[i] = load_at<T, VEC>(a.g.p + s.g[i], s.col[i], a.n);
+      uv[i] = load_at<T, VEC>(a.u.p + s.u[i], s.col[i], a.n);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < U; ++i) {
+    if (!s.live[i]) continue;
+    A y[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) y[k] = activation<kAct>(A(to_acc(gv[i].v[k]))) * A(to_acc(uv[i].v[k]));
+    store_at<T, VEC>(a.out0 + s.out[i], s.col[i], a.n, y);
+  }
+}
+
+template <Act kAct, typename T, int VEC, bool kWide>
+__global__ void __launch_bounds__(kThreads) backward_kernel(Args<T> a) {
+  using A = acc_t<T>;
+  constexpr int U = backward_unroll(VEC);
+  const Slots<kWide, U, VEC, T> s(a, Tile::of<kWide>(a), true);
+  Vec<T, VEC> dv[U], gv[U], uv[U];
+#pragma unroll
+  for (int i = 0; i < U; ++i) {
+    if (s.live[i]) {
+      dv[i] = load_at<T, VEC>(a.dy.p + s.dy[i], s.col[i], a.n);
+      gv[i] = load_at<T, VEC>(a.g.p + s.g[i], s.col[i], a.n);
+      uv[i] = load_at<T, VEC>(a.u.p + s.u[i], s.col[i], a.n);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < U; ++i) {
+    if (!s.live[i]) continue;
+    A dg[VEC], du[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      A act, dact;
+      activation_grad<kAct>(A(to_acc(gv[i].v[k])), act, dact);
+      const A d = to_acc(dv[i].v[k]);
+      dg[k] = d * A(to_acc(uv[i].v[k])) * dact;
+      du[k] = d * act;
+    }
+    store_at<T, VEC>(a.out0 + s.out[i], s.col[i], a.n, dg);
+    store_at<T, VEC>(a.out1 + s.out[i], s.col[i], a.n, du);
+  }
+}
+
+// ---- host side ---------------------------------------------------------------------------------
+
+// The widest access (bytes, at most 16) that every address the kernels form is aligned to.
+inline int access_bytes(const Problem& p, const Outputs& o, bool backward, int elem) {
+  uint64_t acc = 16;
+  const auto add_addr = [&](const void* ptr) { acc |= reinterpret_cast<uintptr_t>(ptr); };
+  const auto add_stride = [&](int64_t stride_elems) { acc |= uint64_t(stride_elems) * elem; };
+  const auto add_operand = [&](const Operand& op) {
+    add_addr(static_cast<const char*>(op.t.data_ptr()) + op.col0 * elem);
+    for (int d = 0; d < op.rows.ndim; ++d) add_stride(op.rows.strides[d]);
+  };
+  add_operand(p.gate);
+  add_operand(p.up);
+  if (backward) add_operand(p.grad);
+  add_addr(static_cast<const char*>(o.a.data_ptr()) + o.a_col0 * elem);
+  if (backward) add_addr(static_cast<const char*>(o.b.data_ptr()) + o.b_col0 * elem);
+  if (p.num_rows > 1) add_stride(o.out_row_stride);
+  // The lowest set bit is the alignment every address and stride shares (16 at most).
+  const uint64_t align = acc & (~acc + 1);
+  return int(std::max<uint64_t>(align, uint64_t(elem)));
+}
+
+template <typename T>
+In<T> in_of(const Operand& o) {
+  return In<T>{reinterpret_cast<const T*>(o.t.data_ptr()) + o.col0, o.rows};
+}
+
+template <Act kAct, bool kBackward>
+void launch(const Problem& p, const Outputs& o, const char* op) {
+  torch::stable::accelerator::DeviceGuard guard(p.gate.t.get_device_index());
+  const cudaStream_t stream = current_stream(p.gate.t.get_device_index());
+  dispatch_float(p.dtype, op, [&](auto tag) {
+    using T = device_t<typename decltype(tag)::type>;
+    const int elem = int(sizeof(T));
+    const int bytes = access_bytes(p, o, kBackward, elem);
+    Args<T> a;
+    a.g = in_of<T>(p.gate);
+    a.u = in_of<T>(p.up);
+    if (kBackward) a.dy = in_of<T>(p.grad);
+    a.out0 = reinterpret_cast<T*>(o.a.data_ptr()) + o.a_col0;
+    a.out1 = kBackward ? reinterpret_cast<T*>(o.b.data_ptr()) + o.b_col0 : nullptr;
+    a.out_row_stride = o.out_row_stride;
+    a.n = p.n;
+    a.num_rows = p.num_rows;
+    const auto run = [&](auto vec_tag) {
+      constexpr int VEC = decltype(vec_tag)::value;
+      constexpr int64_t kTileVecs = int64_t(kThreads) * (kBackward ? backward_unroll(VEC) : forward_unroll(VEC));
+      a.nvec = (p.n + VEC - 1) / VEC;
+      // (a tile of one whole row takes the wide kernel too: rows_per_block 1, one tile)
+      if (a.nvec * 2 >= kTileVecs) {
+        a.rows_per_block = 1;
+        a.tiles_per_row = (a.nvec + kTileVecs - 1) / kTileVecs;
+      } else {
+        a.rows_per_block = std::max<int64_t>(1, kTileVecs / a.nvec);
+        a.tiles_per_row = 1;
+      }
+      const int64_t blocks = a.tiles_per_row == 1 ? (p.num_rows + a.rows_per_block - 1) / a.rows_per_block
+                                                   : p.num_rows * a.tiles_per_row;
+      FUSEDOPS_CHECK(blocks < (int64_t(1) << 31), op, ": tensor too large (", blocks, " blocks)");
+      const auto go = [&](auto wide_tag) {
+        constexpr bool kWide = decltype(wide_tag)::value;
+        if constexpr (kBackward)
+          backward_kernel<kAct, T, VEC, kWide><<<unsigned(blocks), kThreads, 0, stream>>>(a);
+        else
+          forward_kernel<kAct, T, VEC, kWide><<<unsigned(blocks), kThreads, 0, stream>>>(a);
+      };
+      if (a.rows_per_block == 1) go(std::true_type{});
+      else go(std::false_type{});
+    };
+    // VEC elements of 16, 8, 4 or 2 bytes (never wider than 16, never narrower than one element).
+    const int vec = bytes / elem;
+    if constexpr (sizeof(T) == 8) {
+      if (vec >= 2) run(std::integral_constant<int, 2>{});
+      else run(std::integral_constant<int, 1>{});
+    } else if constexpr (sizeof(T) == 4) {
+      if (vec >= 4) run(std::integral_constant<int, 4>{});
+      else if (vec == 2) run(std::integral_constant<int, 2>{});
+      else run(std::integral_constant<int, 1>{});
+    } else {
+      if (vec >= 8) run(std::integral_constant<int, 8>{});
+      else if (vec == 4) run(std::integral_constant<int, 4>{});
+      else if (vec == 2) run(std::integral_constant<int, 2>{});
+      else run(std::integral_constant<int, 1>{});
+    }
+  });
+  check_launch(op);
+}
+
+// The kernels as one type for gated.h's registered functions: Kernels<false> has swiglu's
+// activation, Kernels<true> geglu's two, so each op's translation unit compiles only its own.
+template <bool kGeglu>
+struct Kernels {
+  template <bool kBackward>
+  static void dispatch(const Problem& p, const Outputs& o, const char* op) {
+    if constexpr (!kGeglu) {
+      FUSEDOPS_CHECK(p.act == Act::kSilu, op, ": internal error: a gelu reached swiglu's kernels");
+      launch<Act::kSilu, kBackward>(p, o, op);
+    } else {
+      FUSEDOPS_CHECK(p.act != Act::kSilu, op, ": internal error: silu reached geglu's kernels");
+      if (p.act == Act::kGeluTanh) launch<Act::kGeluTanh, kBackward>(p, o, op);
+      else launch<Act::kGelu, kBackward>(p, o, op);
+    }
+  }
+  static void forward(const Problem& p, const Outputs& o, const char* op) { dispatch<false>(p, o, op); }
+  static void backward(const Problem& p, const Outputs& o, const char* op) { dispatch<true>(p, o, op); }
+};
+
+}  // namespace
+}  // namespace fusedops::gated::cuda
