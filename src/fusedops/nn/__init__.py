@@ -3,5 +3,6 @@
 from .add_rms_norm import AddRMSNorm
 from .layer_norm import LayerNorm
 from .rms_norm import RMSNorm
+from .rope import RotaryEmbedding
 
-__all__ = ["AddRMSNorm", "LayerNorm", "RMSNorm"]
+__all__ = ["AddRMSNorm", "LayerNorm", "RMSNorm", "RotaryEmbedding"]

@@ -17,10 +17,12 @@ import torch
 
 from .. import _native
 from . import add_rms_norm, layer_norm, rms_norm
+from . import rope
 
 # Every public op of the library, by name (the same name as the schema, the C++/Triton files,
 # the docs page and the benchmark id).
 OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "layer_norm": layer_norm}
+OPS["rope"] = rope
 
 _triton_lib = None
 
