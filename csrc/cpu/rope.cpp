@@ -1,15 +1,16 @@
 // rope, rope_ and rope_backward on the CPU (the math: fusedops/rope.h).
 //
-// Rows (one head of one position, D elements) run in parallel on torch's thread pool, ordered
-// position by position with all of q's heads and then k's: each task forms the position's
-// cosines and signed sines in float32 once (the sign and, in the backward, the transpose's
-// choice of sine folded in) and applies them to every head of that position, so the inner loop
-// is two multiplies and an add per element with no branch, and vectorises. The row loops are
-// compiled per instruction set (cpu_isa.h). Positions are validated before any row runs.
+// Rows (one head of one position, D elements) run in parallel on torch's thread pool, q's rows
+// then k's, each in the order of its memory (so a task streams through contiguous rows rather
+// than hopping between heads S * D elements apart); each row reads its cos/sin row directly
+// (small and cached). The inner loop handles a pair of partners per iteration, two multiplies
+// and an add per element with no branch (forward and backward are separate instantiations),
+// and vectorises; it is compiled per instruction set (cpu_isa.h). Positions are validated
+// before any row runs.
 #include <torch/csrc/stable/library.h>
 
+#include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "fusedops/cpu_convert.h"
 #include "fusedops/cpu_isa.h"
@@ -37,89 +38,80 @@ struct Args {
   const int32_t* pos32 = nullptr;  // position_ids, one of the two or neither
   const int64_t* pos64 = nullptr;
   int64_t pos_b = 0, pos_s = 0;
-  int64_t S = 0, Hq = 0, Hk = 0, D = 0, R = 0;
-  bool backward = false;
+  int64_t B = 0, S = 0, Hq = 0, Hk = 0, D = 0, R = 0;
+  int64_t tile = 1;  // positions per tile in (b, h, s) order
   bool copy_rest = true;  // write the features past R (not in place: they are already there)
 };
 
-// The position's cosines (cw) and signed sines (sw), so that y[j] = x[j]*cw[j] + x[partner]*sw[j].
-template <bool kInterleaved, typename C, typename A>
-FUSEDOPS_CPU_INLINE void position_tables(const C* c, const C* s, int64_t R, bool backward, A* cw, A* sw) {
-  const int64_t h = R / 2;
-  for (int64_t j = 0; j < R; ++j) cw[j] = A(to_acc(c[j]));
-  if constexpr (!kInterleaved) {
-    for (int64_t j = 0; j < h; ++j) {
-      const A lo = A(to_acc(s[j])), hi = A(to_acc(s[j + h]));
-      sw[j] = backward ? hi : -lo;
-      sw[j + h] = backward ? -lo : hi;
-    }
-  } else {
-    for (int64_t i = 0; i < h; ++i) {
-      const A even = A(to_acc(s[2 * i])), odd = A(to_acc(s[2 * i + 1]));
-      sw[2 * i] = backward ? odd : -even;
-      sw[2 * i + 1] = backward ? -even : odd;
-    }
-  }
-}
-
 // One row; y may be x itself (each iteration reads its two elements before writing them).
-template <bool kInterleaved, typename T, typename A>
-FUSEDOPS_CPU_INLINE void rotate_row(const T* x, T* y, const A* cw, const A* sw, int64_t R, int64_t D,
-                                    bool copy_rest) {
+// c and n are the row's cosines and sines. Forward: y_a = x_a c_a - x_b n_a, y_b = x_b c_b +
+// x_a n_b for each pair (a, b) (a < R/2 and b = a + R/2, or a = 2i and b = 2i + 1); the
+// backward, the transpose: y_a = x_a c_a + x_b n_b, y_b = x_b c_b - x_a n_a.
+template <bool kInterleaved, bool kBackward, typename T, typename C>
+FUSEDOPS_CPU_INLINE void rotate_row(const T* x, T* y, const C* c, const C* n, int64_t R, int64_t D, bool copy_rest) {
+  using A = acc_t<T>;
   const int64_t h = R / 2;
-  if constexpr (!kInterleaved) {
+  constexpr int64_t kStep = kInterleaved ? 2 : 1;  // a = i * kStep, b = a + off
+  const int64_t off = kInterleaved ? 1 : h;
 #pragma omp simd
-    for (int64_t j = 0; j < h; ++j) {
-      const A a = to_acc(x[j]), b = to_acc(x[j + h]);
-      y[j] = from_acc<T>(a * cw[j] + b * sw[j]);
-      y[j + h] = from_acc<T>(b * cw[j + h] + a * sw[j + h]);
-    }
-  } else {
-#pragma omp simd
-    for (int64_t i = 0; i < h; ++i) {
-      const A a = to_acc(x[2 * i]), b = to_acc(x[2 * i + 1]);
-      y[2 * i] = from_acc<T>(a * cw[2 * i] + b * sw[2 * i]);
-      y[2 * i + 1] = from_acc<T>(b * cw[2 * i + 1] + a * sw[2 * i + 1]);
+  for (int64_t i = 0; i < h; ++i) {
+    const int64_t a = i * kStep, b = a + off;
+    const A xa = to_acc(x[a]), xb = to_acc(x[b]);
+    const A ca = A(to_acc(c[a])), cb = A(to_acc(c[b])), na = A(to_acc(n[a])), nb = A(to_acc(n[b]));
+    if constexpr (kBackward) {
+      y[a] = from_acc<T>(xa * ca + xb * nb);
+      y[b] = from_acc<T>(xb * cb - xa * na);
+    } else {
+      y[a] = from_acc<T>(xa * ca - xb * na);
+      y[b] = from_acc<T>(xb * cb + xa * nb);
     }
   }
   if (copy_rest && D > R) std::memcpy(y + R, x + R, sizeof(T) * (D - R));
 }
 
-// Rows [begin, end) of the position-major order: row r is head r % H (q's heads, then k's) of
-// position r / H = b * S + s.
-template <bool kInterleaved, typename T, typename C>
-FUSEDOPS_CPU_MULTIVERSION void run_rows(const Args<T, C>& a, acc_t<T>* cw, acc_t<T>* sw, int64_t begin,
-                                        int64_t end) {
-  const int64_t H = a.Hq + a.Hk;
-  int64_t current = -1;
+// Rows [begin, end) of q's rows followed by k's, each tensor's rows in the order of its memory:
+// (b, h, s) by tiles of positions when a head's positions are closer together than a
+// position's heads (bhsd), else (b, s, h) (bshd, thd), so that the rows a task touches follow
+// one another in memory.
+template <bool kInterleaved, bool kBackward, typename T, typename C>
+FUSEDOPS_CPU_MULTIVERSION void run_rows(const Args<T, C>& a, int64_t begin, int64_t end) {
+  const int64_t q_rows = a.B * a.S * a.Hq;
   for (int64_t r = begin; r < end; ++r) {
-    const int64_t pos = r / H, head = r % H;
-    const int64_t b = pos / a.S, s = pos % a.S;
-    if (pos != current) {
-      current = pos;
-      const C *c, *sn;
-      if (a.pos32 != nullptr || a.pos64 != nullptr) {
-        const int64_t at = b * a.pos_b + s * a.pos_s;
-        const int64_t row = a.pos32 != nullptr ? int64_t(a.pos32[at]) : a.pos64[at];
-        c = a.cos + row * a.cos_s;
-        sn = a.sin + row * a.sin_s;
-      } else {
-        c = a.cos + b * a.cos_b + s * a.cos_s;
-        sn = a.sin + b * a.sin_b + s * a.sin_s;
-      }
-      position_tables<kInterleaved>(c, sn, a.R, a.backward, cw, sw);
+    const bool is_q = r < q_rows;
+    const int64_t i = is_q ? r : r - q_rows;
+    const int64_t H = is_q ? a.Hq : a.Hk;
+    const Strides& xs = is_q ? a.qs : a.ks;
+    const Strides& ys = is_q ? a.qos : a.kos;
+    int64_t b, head, s;
+    if (xs.s < xs.h) {
+      // (b, tile of positions, h, s): each head's rows of a tile follow one another in memory,
+      // and the tile's cos/sin rows stay in L1 across the heads (walking all of S per head
+      // would stream the whole table through the cache once per head).
+      b = i / (a.S * H);
+      const int64_t rem = i % (a.S * H);
+      const int64_t t0 = rem / (H * a.tile) * a.tile;
+      const int64_t len = std::min(a.tile, a.S - t0);
+      const int64_t in_tile = rem - t0 * H;
+      head = in_tile / len;
+      s = t0 + in_tile % len;
+    } else {  // (b, s, h)
+      head = i % H;
+      s = (i / H) % a.S;
+      b = i / (H * a.S);
     }
-    const T* x;
-    T* y;
-    if (head < a.Hq) {
-      x = a.q + b * a.qs.b + head * a.qs.h + s * a.qs.s;
-      y = a.qo + b * a.qos.b + head * a.qos.h + s * a.qos.s;
+    const T* x = (is_q ? a.q : a.k) + b * xs.b + head * xs.h + s * xs.s;
+    T* y = (is_q ? a.qo : a.ko) + b * ys.b + head * ys.h + s * ys.s;
+    const C *c, *n;
+    if (a.pos32 != nullptr || a.pos64 != nullptr) {
+      const int64_t at = b * a.pos_b + s * a.pos_s;
+      const int64_t row = a.pos32 != nullptr ? int64_t(a.pos32[at]) : a.pos64[at];
+      c = a.cos + row * a.cos_s;
+      n = a.sin + row * a.sin_s;
     } else {
-      const int64_t hk = head - a.Hq;
-      x = a.k + b * a.ks.b + hk * a.ks.h + s * a.ks.s;
-      y = a.ko + b * a.kos.b + hk * a.kos.h + s * a.kos.s;
+      c = a.cos + b * a.cos_b + s * a.cos_s;
+      n = a.sin + b * a.sin_b + s * a.sin_s;
     }
-    rotate_row<kInterleaved>(x, y, cw, sw, a.R, a.D, a.copy_rest);
+    rotate_row<kInterleaved, kBackward>(x, y, c, n, a.R, a.D, a.copy_rest);
   }
 }
 
@@ -164,21 +156,29 @@ void run_typed(const Problem& p, const Outputs& o) {
     a.pos_b = p.pos_b;
     a.pos_s = p.pos_s;
   }
+  a.B = p.B;
   a.S = p.S;
   a.Hq = p.Hq;
   a.Hk = p.Hk;
   a.D = p.D;
   a.R = p.R;
-  a.backward = p.backward;
   a.copy_rest = !o.in_place;
+  // About 16 KiB of cos/sin rows per tile.
+  a.tile = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, 2 * p.R * int64_t(sizeof(C))));
   const int64_t rows = p.B * p.S * (p.Hq + p.Hk);
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(p.D, 1));
   torch::stable::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t<T>> tables(2 * std::max<int64_t>(p.R, 1));
-    if (p.interleaved)
-      run_rows<true>(a, tables.data(), tables.data() + p.R, begin, end);
-    else
-      run_rows<false>(a, tables.data(), tables.data() + p.R, begin, end);
+    if (p.interleaved) {
+      if (p.backward)
+        run_rows<true, true>(a, begin, end);
+      else
+        run_rows<true, false>(a, begin, end);
+    } else {
+      if (p.backward)
+        run_rows<false, true>(a, begin, end);
+      else
+        run_rows<false, false>(a, begin, end);
+    }
   });
 }
 

@@ -200,14 +200,15 @@ def _rope_back(t, layout):
 
 
 def _rope_eager_checks(op, q, k, cos, sin, position_ids, check_forward):
-    # Kernel positions are checked by the CPU kernel itself; on a GPU here, before the launch
-    # (one reduction and a sync), except while compiling or capturing a CUDA graph, where the
+    # Positions are checked by the CPU kernel itself (here too on older torch, where a kernel
+    # that raises crashes: fusedops/_native.py); on a GPU here, before the launch (one
+    # reduction and a sync), except while compiling or capturing a CUDA graph, where the
     # kernels write NaN for an out-of-range position instead of reading out of bounds.
     if PRECHECK_ARGUMENTS and not torch.compiler.is_compiling():
         check_forward(q, k, cos, sin, position_ids)
     if (
         position_ids is not None
-        and q.device.type != "cpu"
+        and (q.device.type != "cpu" or PRECHECK_ARGUMENTS)
         and not torch.compiler.is_compiling()
         and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
     ):

@@ -271,9 +271,7 @@ def _full_args(inputs):
 
 def _backward(ctx, grad_q_out, grad_k_out):
     cos, sin, position_ids = ctx.saved_tensors
-    need_q, need_k, need_cos, need_sin = ctx.needs_input_grad[:4]
-    if need_cos or need_sin:
-        _refuse_table_grads(cos, sin)
+    need_q, need_k = ctx.needs_input_grad[:2]  # (cos and sin never: refused in the forward)
     if grad_q_out is None and grad_k_out is None:
         return None, None, None, None, None, None
     with _direct.below_autograd_unless_grad():  # create_graph=True: rope_backward's own autograd
