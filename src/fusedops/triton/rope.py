@@ -46,8 +46,9 @@ def _rotate_heads(
 ):
     mask = mask_p[:, None] & mask_j[None, :]
     for h in range(h_begin, h_end):
-        x_row = x_ptr + (b * xsb + h * xsh + s * xss)[:, None]
-        y_row = y_ptr + (b * ysb + h * ysh + s * yss)[:, None]
+        h64 = tl.full([], 0, tl.int64) + h  # (head * head stride passes 2**31 in large tensors)
+        x_row = x_ptr + (b * xsb + h64 * xsh + s * xss)[:, None]
+        y_row = y_ptr + (b * ysb + h64 * ysh + s * yss)[:, None]
         if INTERLEAVED:
             # Pairs are adjacent: load the rotary part whole and split it into even and odd.
             jj = tl.arange(0, 2 * BLOCK_H)
