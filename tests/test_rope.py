@@ -124,6 +124,26 @@ def test_inplace_strided_last_dim(device):
     torch.testing.assert_close(k, ek)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_qkv_views(device):
+    """q and k as views of one fused QKV projection output (B, S, (Hq + 2 Hk) * D): rotated
+    without a copy, and in place straight into the projection's buffer."""
+    B, S, Hq, Hk, D = 2, 5, 4, 2, 16
+    qkv = torch.randn(B, S, (Hq + 2 * Hk) * D, device=device)
+    q = qkv[..., : Hq * D].view(B, S, Hq, D)
+    k = qkv[..., Hq * D : (Hq + Hk) * D].view(B, S, Hk, D)
+    c, s = torch.randn(B, S, D, device=device), torch.randn(B, S, D, device=device)
+    eq, ek = reference(q.transpose(1, 2), k.transpose(1, 2), c, s)
+    q_out, k_out = fusedops.rope(q, k, c, s, layout="bshd")
+    torch.testing.assert_close(q_out.transpose(1, 2), eq)
+    torch.testing.assert_close(k_out.transpose(1, 2), ek)
+    v_before = qkv[..., (Hq + Hk) * D :].clone()
+    fusedops.rope_(q, k, c, s, layout="bshd")
+    torch.testing.assert_close(q.transpose(1, 2), eq)
+    torch.testing.assert_close(k.transpose(1, 2), ek)
+    assert torch.equal(qkv[..., (Hq + Hk) * D :], v_before)  # v untouched
+
+
 def test_inplace_refuses_grad():
     q = torch.randn(1, 2, 3, 8, requires_grad=True)
     k = torch.randn(1, 2, 3, 8)
