@@ -66,4 +66,20 @@ STABLE_TORCH_LIBRARY(fusedops, m) {
       "-> (Tensor grad_gate, Tensor grad_up)");
   m.def("geglu_packed(Tensor gate_up, str approximate=\"none\") -> Tensor");
   m.def("geglu_packed_backward(Tensor grad_output, Tensor gate_up, str approximate=\"none\") -> Tensor");
+  // Rotary position embeddings of q (B, Hq, S, D) and k (B, Hk, S, D), any strides (the public
+  // function passes bshd and packed thd inputs as views of this layout), in one launch. cos/sin
+  // are (1 or B, S, R), or (P, R) tables indexed by position_ids (1 or B, S); features from R on
+  // pass through. Outputs keep q's and k's strides when those are dense (else contiguous).
+  m.def(
+      "rope(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? position_ids=None, bool interleaved=False) "
+      "-> (Tensor q_out, Tensor k_out)");
+  // The same, rotating q and k where they are (no autograd: an inference form).
+  m.def(
+      "rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor? position_ids=None, "
+      "bool interleaved=False) -> ()");
+  // The transpose of the rotation, applied to the incoming gradients (absent: zero; its output
+  // is then an empty tensor). Linear, so its own gradient is rope again.
+  m.def(
+      "rope_backward(Tensor? grad_q_out, Tensor? grad_k_out, Tensor cos, Tensor sin, Tensor? position_ids, "
+      "bool interleaved) -> (Tensor grad_q, Tensor grad_k)");
 }

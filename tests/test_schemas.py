@@ -29,6 +29,9 @@ fusedops::layer_norm(Tensor input, Tensor? weight, Tensor? bias, float eps) -> (
 fusedops::layer_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, bool weight_requires_grad, bool bias_requires_grad) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)
 fusedops::rms_norm(Tensor input, Tensor? weight, float eps, float offset=0., bool cast_before_weight=False, bool save_output=False) -> (Tensor output, Tensor rstd)
 fusedops::rms_norm_backward(Tensor grad_output, Tensor saved, Tensor? weight, Tensor rstd, float offset, bool saved_is_output, bool weight_requires_grad) -> (Tensor grad_input, Tensor grad_weight)
+fusedops::rope(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? position_ids=None, bool interleaved=False) -> (Tensor q_out, Tensor k_out)
+fusedops::rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor? position_ids=None, bool interleaved=False) -> ()
+fusedops::rope_backward(Tensor? grad_q_out, Tensor? grad_k_out, Tensor cos, Tensor sin, Tensor? position_ids, bool interleaved) -> (Tensor grad_q, Tensor grad_k)
 fusedops::swiglu(Tensor gate, Tensor up) -> Tensor
 fusedops::swiglu_backward(Tensor grad_output, Tensor gate, Tensor up) -> (Tensor grad_gate, Tensor grad_up)
 fusedops::swiglu_packed(Tensor gate_up) -> Tensor

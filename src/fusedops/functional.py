@@ -227,3 +227,142 @@ def geglu_packed(gate_up: Tensor, approximate: str = "none") -> Tensor:
     if _precheck_routed(gate_up):
         _geglu_packed.check_forward(gate_up, approximate)
     return _geglu_packed.forward(gate_up, approximate)
+# ---- rotary position embeddings -------------------------------------------------------------
+
+from .ops import rope as _rope  # noqa: E402
+
+_rope_op = _rope.forward
+_rope_inplace_op = _rope.forward_
+LAYOUTS = ("bhsd", "bshd", "thd")
+
+
+def _rope_views(op, q, k, cos, sin, layout, position_ids):
+    """q, k, cos, sin and position_ids as the op's (B, H, S, D) views of the caller's layout."""
+    if layout == "bhsd":
+        return q, k, cos, sin, position_ids
+    if layout == "bshd":
+        for name, t in (("q", q), ("k", k)):
+            if t.dim() != 4:
+                raise ValueError(
+                    f"{op}: {name} must be a 4-D (batch, seq, heads, head_dim) tensor for layout 'bshd', got "
+                    f"{_rope._dims_str(t)}"
+                )
+        return q.transpose(1, 2), k.transpose(1, 2), cos, sin, position_ids
+    if layout == "thd":
+        for name, t in (("q", q), ("k", k)):
+            if t.dim() != 3:
+                raise ValueError(
+                    f"{op}: {name} must be a 3-D (tokens, heads, head_dim) tensor for layout 'thd', got "
+                    f"{_rope._dims_str(t)}"
+                )
+        if position_ids is not None:
+            if position_ids.dim() != 1:
+                raise ValueError(
+                    f"{op}: position_ids must be a 1-D (tokens,) tensor for layout 'thd', got "
+                    f"{_rope._dims_str(position_ids)}"
+                )
+            position_ids = position_ids.unsqueeze(0)
+        else:  # per-token cos/sin rows (tokens, rotary_dim)
+            cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+        return q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2), cos, sin, position_ids
+    raise ValueError(f"{op}: layout must be 'bhsd', 'bshd' or 'thd', got {layout!r}")
+
+
+def _rope_back(t, layout):
+    if layout == "bhsd":
+        return t
+    if layout == "bshd":
+        return t.transpose(1, 2)
+    return t.transpose(1, 2)[0]
+
+
+def _rope_eager_checks(op, q, k, cos, sin, position_ids, check_forward):
+    # Positions are checked by the CPU kernel itself (here too on older torch, where a kernel
+    # that raises crashes: fusedops/_native.py); on a GPU here, before the launch (one
+    # reduction and a sync), except while compiling or capturing a CUDA graph, where the
+    # kernels write NaN for an out-of-range position instead of reading out of bounds.
+    if PRECHECK_ARGUMENTS and not torch.compiler.is_compiling():
+        check_forward(q, k, cos, sin, position_ids)
+    if (
+        position_ids is not None
+        and (q.device.type != "cpu" or PRECHECK_ARGUMENTS)
+        and not torch.compiler.is_compiling()
+        and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+    ):
+        _rope.check(op, "q", "k", q, k, cos, sin, position_ids)
+        _rope.check_positions(op, position_ids, cos)
+
+
+def rope(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    *,
+    interleaved: bool = False,
+    layout: str = "bhsd",
+    position_ids: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    r"""Rotary position embeddings of queries and keys, both in one kernel launch.
+
+    For each head vector x (of q or k) at a position with rotary tables c, s (R values):
+
+    .. math:: y_{:R} = x_{:R} \odot c + \operatorname{rotate}(x_{:R}) \odot s, \qquad y_{R:} = x_{R:}
+
+    ``rotate`` is rotate-half ``[-x_2, x_1]`` (Hugging Face, the default) or, with
+    ``interleaved=True``, rotate-every-two ``(x_0, x_1) -> (-x_1, x_0)`` per pair (GPT-J, Meta's
+    LLaMA). cos/sin are used elementwise as given.
+
+    Args:
+        q, k: queries and keys, float32, bfloat16, float16 or float64 (the same dtype), with
+            ``Hq`` a multiple of ``Hk`` (grouped-query attention). By ``layout``:
+            ``"bhsd"`` (default) ``(B, Hq, S, D)`` and ``(B, Hk, S, D)``;
+            ``"bshd"`` ``(B, S, Hq, D)`` and ``(B, S, Hk, D)``;
+            ``"thd"`` packed variable-length sequences ``(T, Hq, D)`` and ``(T, Hk, D)``.
+            Any strides (the last dimension contiguous, else it is copied).
+        cos, sin: ``(1 or B, S, R)`` per position (``(T, R)`` per token for "thd"), or, with
+            ``position_ids``, ``(P, R)`` tables indexed by position. ``R`` even, ``R <= D``
+            (partial rotary: features from ``R`` on pass through). In q's dtype or float32.
+        interleaved: rotate adjacent pairs instead of halves.
+        layout: ``"bhsd"``, ``"bshd"`` or ``"thd"``.
+        position_ids: int32/int64, ``(B or 1, S)`` (``(T,)`` for "thd"): the table row of each
+            position. A value outside ``[0, P)`` raises a ValueError in eager mode (on a GPU this
+            check synchronises); under torch.compile or CUDA-graph capture the GPU kernels
+            write NaN for such a position instead of reading out of bounds.
+
+    Returns:
+        ``(q_out, k_out)`` in q's and k's dtype and layout (their strides when dense). Math in
+        float32 (float64 for float64 input). Differentiable in q and k (any order); gradients
+        with respect to cos and sin are not supported (a clear error if they require grad).
+    """
+    q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope", q, k, cos, sin, layout, position_ids)
+    _rope_eager_checks("rope", q4, k4, cos4, sin4, pos, _rope.check_forward)
+    if direct_call_allowed():
+        q_out, k_out = _rope.direct(q4, k4, cos4, sin4, pos, interleaved)
+    else:
+        q_out, k_out = _rope_op(q4, k4, cos4, sin4, pos, interleaved)
+    return _rope_back(q_out, layout), _rope_back(k_out, layout)
+
+
+def rope_(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    *,
+    interleaved: bool = False,
+    layout: str = "bhsd",
+    position_ids: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """:func:`rope` for inference: rotates ``q`` and ``k`` in place (features past R are not
+    touched) and returns them. No gradient: it raises if a tensor requires grad with grad mode
+    on. q and k must not have rows that share memory (an expanded tensor)."""
+    q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope_", q, k, cos, sin, layout, position_ids)
+    _rope_eager_checks(
+        "rope_", q4, k4, cos4, sin4, pos, lambda *a: _rope.check_forward(*a, op="rope_")
+    )
+    if direct_call_allowed():
+        _rope.direct_inplace(q4, k4, cos4, sin4, pos, interleaved)
+    else:
+        _rope_inplace_op(q4, k4, cos4, sin4, pos, interleaved)
+    return q, k

@@ -3,6 +3,7 @@
 from .add_rms_norm import AddRMSNorm
 from .layer_norm import LayerNorm
 from .rms_norm import RMSNorm
+from .rope import RotaryEmbedding
 from .swiglu_mlp import SwiGLUMLP
 
-__all__ = ["AddRMSNorm", "LayerNorm", "RMSNorm", "SwiGLUMLP"]
+__all__ = ["AddRMSNorm", "LayerNorm", "RMSNorm", "RotaryEmbedding", "SwiGLUMLP"]

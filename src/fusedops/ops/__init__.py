@@ -16,13 +16,20 @@ import warnings
 import torch
 
 from .. import _native
-from . import add_rms_norm, layer_norm, rms_norm
-from . import geglu, geglu_packed, swiglu, swiglu_packed
+from . import add_rms_norm, geglu, geglu_packed, layer_norm, rms_norm, rope, swiglu, swiglu_packed
 
 # Every public op of the library, by name (the same name as the schema, the C++/Triton files,
 # the docs page and the benchmark id).
-OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "layer_norm": layer_norm}
-OPS.update({"swiglu": swiglu, "geglu": geglu, "swiglu_packed": swiglu_packed, "geglu_packed": geglu_packed})
+OPS = {
+    "rms_norm": rms_norm,
+    "add_rms_norm": add_rms_norm,
+    "layer_norm": layer_norm,
+    "swiglu": swiglu,
+    "geglu": geglu,
+    "swiglu_packed": swiglu_packed,
+    "geglu_packed": geglu_packed,
+    "rope": rope,
+}
 
 _triton_lib = None
 

@@ -67,6 +67,12 @@ class OpTestInfo:
     # other forms of the op (an in-place variant, say) that opcheck covers on every sample:
     # (OpOverload, sample -> its args)
     variant_ops: Sequence[Tuple[Any, Callable[[Sample], Tuple[Any, ...]]]] = ()
+    # whether gradients of gradients are supported (then gradgradcheck runs; else the generic
+    # suite checks that double backward raises a clear error)
+    double_backward: bool = False
+    # (device) -> None: checks an input of more than 2^31 elements (64-bit indexing) its own
+    # way; None: the generic check, which replaces arguments of the sample's (rows, n) shape
+    large_input_check: Optional[Callable[[str], None]] = None
 
 
 def outputs_of(result) -> Tuple[torch.Tensor, ...]:
@@ -124,7 +130,7 @@ from . import add_rms_norm as _add_rms_norm  # noqa: E402
 from . import layer_norm as _layer_norm  # noqa: E402
 from . import rms_norm as _rms_norm  # noqa: E402
 from . import _gated  # noqa: E402
+from . import rope as _rope  # noqa: E402
 
-OP_TESTS = [_rms_norm.INFO, _add_rms_norm.INFO, _layer_norm.INFO]
-OP_TESTS += _gated.infos()  # swiglu, geglu, swiglu_packed, geglu_packed
+OP_TESTS = [_rms_norm.INFO, _add_rms_norm.INFO, _layer_norm.INFO, *_gated.infos(), _rope.INFO]  # _gated: swiglu, geglu and their packed forms
 OP_TESTS_BY_NAME = {info.name: info for info in OP_TESTS}

@@ -1,0 +1,94 @@
+"""fusedops.nn.RotaryEmbedding: the cos/sin tables of Hugging Face's LlamaRotaryEmbedding, to
+feed fusedops.rope."""
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _default_inv_freq(dim: int, base: float, device) -> Tensor:
+    # base^(-2i/dim), i = 0 .. dim/2 - 1, in float32 as Hugging Face forms it.
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(torch.float32) / dim
+    return 1.0 / (base**exponents)
+
+
+def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
+    """LLaMA-3.1's frequency scaling: frequencies whose wavelength exceeds the original context
+    divided by low_freq_factor are slowed down by `factor`; those whose wavelength is below the
+    context divided by high_freq_factor are kept; the band in between blends the two linearly
+    in (context / wavelength)."""
+    factor = float(scaling["factor"])
+    low = float(scaling["low_freq_factor"])
+    high = float(scaling["high_freq_factor"])
+    context = float(scaling["original_max_position_embeddings"])
+    wavelength = 2 * math.pi / inv_freq
+    slowed = torch.where(wavelength > context / low, inv_freq / factor, inv_freq)
+    blend = (context / wavelength - low) / (high - low)
+    blended = (1 - blend) * slowed / factor + blend * slowed
+    in_band = (wavelength >= context / high) & (wavelength <= context / low)
+    return torch.where(in_band, blended, slowed)
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """The rotary tables of Hugging Face's ``LlamaRotaryEmbedding``: ``forward(x, position_ids)``
+    returns ``(cos, sin)`` of shape ``(B, S, dim)`` in x's dtype (float32 math), the two halves
+    of each row equal (the rotate-half convention of :func:`fusedops.rope`'s default).
+
+    Args:
+        dim: the rotary width R (the head dimension, or less for partial rotary); even.
+        max_position_embeddings: the model's context length (kept as an attribute, as in HF).
+        base: the frequency base (``rope_theta``).
+        rope_scaling: None (or ``{"rope_type": "default"}``), or LLaMA-3's
+            ``{"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+            "original_max_position_embeddings"}`` (``"type"`` is accepted for ``"rope_type"``).
+        device: where the ``inv_freq`` buffer lives.
+
+    ``inv_freq`` is a non-persistent buffer (not in the state dict), as in HF.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        max_position_embeddings: int = 2048,
+        base: float = 10000.0,
+        rope_scaling: Optional[dict] = None,
+        device=None,
+    ) -> None:
+        super().__init__()
+        if not (isinstance(dim, int) and dim > 0 and dim % 2 == 0):
+            raise ValueError(f"RotaryEmbedding: dim must be a positive even number, got {dim}")
+        self.dim = dim
+        self.max_position_embeddings = max_position_embeddings
+        self.base = float(base)
+        scaling = dict(rope_scaling or {})
+        self.rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        self.rope_scaling = rope_scaling
+        inv_freq = _default_inv_freq(dim, self.base, device)
+        if self.rope_type == "llama3":
+            missing = [key for key in _LLAMA3_KEYS if key not in scaling]
+            if missing:
+                raise ValueError(f"RotaryEmbedding: llama3 rope_scaling needs {', '.join(repr(m) for m in missing)}")
+            inv_freq = _llama3_inv_freq(inv_freq, scaling)
+        elif self.rope_type != "default":
+            raise ValueError(
+                f"RotaryEmbedding: rope_type {self.rope_type!r} is not supported (supported: 'default', 'llama3')"
+            )
+        # Both rope types leave the amplitudes alone.
+        self.attention_scaling = 1.0
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: Tensor, position_ids: Tensor):
+        """``(cos, sin)`` of shape ``(B, S, dim)`` in x's dtype for ``position_ids`` ``(B, S)``."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            angles = position_ids[..., None].to(torch.float32) * self.inv_freq.to(torch.float32)
+            angles = torch.cat((angles, angles), dim=-1)
+            cos = angles.cos() * self.attention_scaling
+            sin = angles.sin() * self.attention_scaling
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, base={self.base:g}, rope_type={self.rope_type!r}"

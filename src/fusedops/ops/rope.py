@@ -1,0 +1,468 @@
+"""rope, its in-place form rope_ and rope_backward: fake kernels, autograd, autocast rule and
+Triton hook-up.
+
+Schemas (csrc/registration.cpp):
+    rope(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? position_ids=None,
+         bool interleaved=False) -> (Tensor q_out, Tensor k_out)
+    rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor? position_ids=None,
+          bool interleaved=False) -> ()
+    rope_backward(Tensor? grad_q_out, Tensor? grad_k_out, Tensor cos, Tensor sin,
+                  Tensor? position_ids, bool interleaved) -> (Tensor grad_q, Tensor grad_k)
+
+The op sees one logical layout: q (B, Hq, S, D) and k (B, Hk, S, D), any strides; the public
+function (fusedops.rope) turns "bshd" and packed "thd" inputs into views of it. The math is in
+csrc/include/fusedops/rope.h.
+
+Saved for backward: cos, sin and position_ids only (no activation): the rotation is linear, so
+its gradient is the transposed rotation of the incoming gradient, rope_backward. That is linear
+too, and its gradient is the forward rotation again: double (and any higher) backward is
+rope / rope_backward. Gradients with respect to cos and sin are not computed: the public
+function and the registered autograd raise when they would be needed.
+
+rope_ rotates q and k where they are (its schema declares both mutations; torch.compile
+functionalises it) and has no autograd: it raises when called on tensors that require grad
+with grad mode on, and bumps q's and k's version counters.
+
+Autocast rule (CPU and CUDA): nothing is cast, except cos and sin when their dtype goes with
+neither q's nor float32 (they are then cast to q's dtype). The kernels compute in float32
+whatever the storage dtype; outputs keep q's and k's dtype.
+"""
+
+import torch
+
+from . import _direct, _norm
+
+forward = torch.ops.fusedops.rope.default
+forward_ = torch.ops.fusedops.rope_.default
+backward = torch.ops.fusedops.rope_backward.default
+
+FLOAT_DTYPES = _norm.FLOAT_DTYPES
+NARROW = _norm.NARROW
+dtype_name = _norm.dtype_name
+shape_str = _norm.shape_str
+_same_device = _norm._same_device
+
+
+def _dims_str(t):
+    return "a 0-dimensional tensor" if t.dim() == 0 else f"shape {shape_str(t)}"
+
+
+def _device_str(t):
+    return "cpu" if t.device.type == "cpu" else str(t.device)
+
+
+def _check_qk(op, name, t):
+    if t.dim() != 4:
+        raise ValueError(f"{op}: {name} must be a 4-D (batch, heads, seq, head_dim) tensor, got {_dims_str(t)}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{op}: {name} dtype must be float32, bfloat16, float16 or float64, got {dtype_name(t.dtype)}")
+
+
+def cos_dtype_ok(x_dtype, cos_dtype):
+    """cos/sin are in q's dtype, or float32 with bfloat16/float16 q."""
+    return cos_dtype == x_dtype or (x_dtype in NARROW and cos_dtype == torch.float32)
+
+
+def check(op, qn, kn, q, k, cos, sin, position_ids):
+    """The checks of csrc/include/fusedops/rope.h (make_problem), in the same words. `q` or `k`
+    may be None (a backward's absent gradient)."""
+    if q is not None:
+        _check_qk(op, qn, q)
+    if k is not None:
+        _check_qk(op, kn, k)
+    ref, refn = (q, qn) if q is not None else (k, kn)
+    if q is not None and k is not None:
+        if k.dtype != q.dtype:
+            raise ValueError(f"{op}: {kn} dtype {dtype_name(k.dtype)} does not match {qn} dtype {dtype_name(q.dtype)}")
+        if not _same_device(k, q):
+            raise ValueError(f"{op}: {kn} is on {_device_str(k)} but {qn} is on {_device_str(q)}")
+        if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2] or k.shape[3] != q.shape[3]:
+            raise ValueError(
+                f"{op}: {kn} shape {shape_str(k)} does not go with {qn} shape {shape_str(q)}: "
+                "batch, sequence and head_dim must match"
+            )
+        if k.shape[1] != 0 and q.shape[1] % k.shape[1] != 0:
+            raise ValueError(
+                f"{op}: {qn} has {q.shape[1]} heads, which is not a multiple of {kn}'s {k.shape[1]} heads "
+                "(grouped-query attention)"
+            )
+    if cos.dim() < 1 or cos.dtype not in FLOAT_DTYPES:
+        got = "a 0-dimensional tensor" if cos.dim() == 0 else f"{dtype_name(cos.dtype)} {_dims_str(cos)}"
+        raise ValueError(f"{op}: cos must be a floating-point tensor of at least 1 dimension, got {got}")
+    if sin.shape != cos.shape:
+        raise ValueError(f"{op}: sin shape {shape_str(sin)} does not match cos shape {shape_str(cos)}")
+    if sin.dtype != cos.dtype:
+        raise ValueError(f"{op}: sin dtype {dtype_name(sin.dtype)} does not match cos dtype {dtype_name(cos.dtype)}")
+    if ref is not None:
+        if not cos_dtype_ok(ref.dtype, cos.dtype):
+            raise ValueError(
+                f"{op}: cos dtype {dtype_name(cos.dtype)} does not go with {refn} dtype {dtype_name(ref.dtype)}: "
+                f"use {refn}'s dtype, or float32 with bfloat16/float16 {refn}"
+            )
+        for name, t in (("cos", cos), ("sin", sin)):
+            if not _same_device(t, ref):
+                raise ValueError(f"{op}: {name} is on {_device_str(t)} but {refn} is on {_device_str(ref)}")
+    B, S, D = (ref.shape[0], ref.shape[2], ref.shape[3]) if ref is not None else (0, 0, 0)
+    if position_ids is not None:
+        if position_ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"{op}: position_ids dtype must be int32 or int64, got {dtype_name(position_ids.dtype)}")
+        if ref is not None:
+            if not (
+                position_ids.dim() == 2 and position_ids.shape[0] in (1, B) and position_ids.shape[1] == S
+            ):
+                raise ValueError(
+                    f"{op}: position_ids must have shape (1 or batch, seq) = (1 or {B}, {S}), got {_dims_str(position_ids)}"
+                )
+            if not _same_device(position_ids, ref):
+                raise ValueError(
+                    f"{op}: position_ids is on {_device_str(position_ids)} but {refn} is on {_device_str(ref)}"
+                )
+        if cos.dim() != 2:
+            raise ValueError(
+                f"{op}: with position_ids, cos and sin must be (max_positions, rotary_dim) tables, got cos {_dims_str(cos)}"
+            )
+    elif ref is not None:
+        if not (cos.dim() == 3 and cos.shape[0] in (1, B) and cos.shape[1] == S):
+            raise ValueError(
+                f"{op}: cos must have shape (1 or batch, seq, rotary_dim) = (1 or {B}, {S}, rotary_dim) without "
+                f"position_ids, got {_dims_str(cos)}"
+            )
+    R = cos.shape[-1]
+    if ref is not None and not (R % 2 == 0 and R <= D):
+        raise ValueError(
+            f"{op}: the rotary dimension cos.size(-1) = {R} must be even and at most head_dim {refn}.size(-1) = {D}"
+        )
+
+
+def _rows_may_overlap(t):
+    """Whether elements of t may share memory (rope.h's rule: sorted by stride, each dimension
+    must step over everything inside it)."""
+    extent = 1
+    dims = sorted((st, s) for s, st in zip(t.shape, t.stride()) if s > 1)
+    for stride, size in dims:
+        if stride < extent:
+            return True
+        extent += stride * (size - 1)
+    return False
+
+
+def check_forward(q, k, cos, sin, position_ids=None, op="rope"):
+    check(op, "q", "k", q, k, cos, sin, position_ids)
+    if op == "rope_":
+        for name, t in (("q", q), ("k", k)):
+            if t.numel() > 0 and _rows_may_overlap(t):
+                raise ValueError(
+                    f"rope_: {name} has rows that share memory (an expanded tensor?), so it cannot be written in "
+                    f"place; pass a contiguous {name}"
+                )
+
+
+def check_backward(grad_q_out, grad_k_out, cos, sin, position_ids):
+    check("rope_backward", "grad_q_out", "grad_k_out", grad_q_out, grad_k_out, cos, sin, position_ids)
+
+
+def positions_message(op, position_ids, rows):
+    """The error for the first position outside [0, rows), or None (reads the values: syncs on
+    a GPU)."""
+    bad = (position_ids < 0) | (position_ids >= rows)
+    if not bool(bad.any()):
+        return None
+    index = [int(i) for i in bad.nonzero()[0]]
+    value = int(position_ids[tuple(index)])
+    where = ", ".join(str(i) for i in index)
+    return f"{op}: position_ids[{where}] = {value} is outside the cos/sin tables' {rows} rows"
+
+
+def check_positions(op, position_ids, cos):
+    message = positions_message(op, position_ids, cos.shape[0])
+    if message is not None:
+        raise ValueError(message)
+
+
+# ---- fake kernels ----------------------------------------------------------------------------
+
+
+def non_overlapping_and_dense(t):
+    """c10's is_non_overlapping_and_dense (rope.h's copy of it), decided exactly, guarding on
+    symbolic sizes where it must (torch's Python version answers False when unsure, which would
+    give the fake kernel other strides than the real one)."""
+    if t.dim() == 1:
+        return t.shape[0] < 2 or t.stride(0) == 1
+    small = [bool(t.shape[d] < 2) for d in range(t.dim())]
+    dims = sorted(range(t.dim()), key=lambda d: (small[d], 0 if small[d] else t.stride(d)))
+    required = 1
+    for d in dims:
+        if small[d]:
+            return True
+        if t.stride(d) != required:
+            return False
+        required *= t.shape[d]
+    return True
+
+
+def _keeps_strides(t):
+    return non_overlapping_and_dense(t) and (t.shape[-1] <= 1 or t.stride(-1) == 1)
+
+
+def output_like(t):
+    """csrc/include/fusedops/rope.h's rule: t's strides when dense with a unit-stride last
+    dimension, else contiguous."""
+    if _keeps_strides(t):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def _absent_like(present, cos):
+    like = present if present is not None else cos
+    return like.new_empty((0,))
+
+
+@torch.library.register_fake("fusedops::rope")
+def _forward_fake(q, k, cos, sin, position_ids=None, interleaved=False):
+    check_forward(q, k, cos, sin, position_ids)
+    return output_like(q), output_like(k)
+
+
+@torch.library.register_fake("fusedops::rope_")
+def _forward_inplace_fake(q, k, cos, sin, position_ids=None, interleaved=False):
+    check_forward(q, k, cos, sin, position_ids, op="rope_")
+
+
+@torch.library.register_fake("fusedops::rope_backward")
+def _backward_fake(grad_q_out, grad_k_out, cos, sin, position_ids, interleaved):
+    check_backward(grad_q_out, grad_k_out, cos, sin, position_ids)
+    other = grad_q_out if grad_q_out is not None else grad_k_out
+    return (
+        output_like(grad_q_out) if grad_q_out is not None else _absent_like(other, cos),
+        output_like(grad_k_out) if grad_k_out is not None else _absent_like(other, cos),
+    )
+
+
+# ---- autograd ------------------------------------------------------------------------------
+
+
+def _refuse_table_grads(cos, sin, grad_mode=True):
+    # (setup_context runs with grad mode off, inside the autograd Function: it passes False)
+    if (not grad_mode or torch.is_grad_enabled()) and (cos.requires_grad or sin.requires_grad):
+        raise NotImplementedError(
+            "fusedops.rope: gradients with respect to cos and sin are not supported; pass them detached "
+            "(cos.detach(), sin.detach()) or compute the rotation with plain torch ops"
+        )
+
+
+def _save(ctx, cos, sin, position_ids, interleaved):
+    ctx.save_for_backward(cos, sin, position_ids)
+    ctx.interleaved = interleaved
+    # An unused output's gradient stays None rather than zeros the kernel would read.
+    ctx.set_materialize_grads(False)
+
+
+def _setup_context(ctx, inputs, output):
+    _q, _k, cos, sin, position_ids, interleaved = _full_args(inputs)
+    _save(ctx, cos, sin, position_ids, interleaved)
+
+
+def _full_args(inputs):
+    q, k, cos, sin = inputs[:4]
+    position_ids = inputs[4] if len(inputs) > 4 else None
+    interleaved = inputs[5] if len(inputs) > 5 else False
+    return q, k, cos, sin, position_ids, interleaved
+
+
+def _backward(ctx, grad_q_out, grad_k_out):
+    cos, sin, position_ids = ctx.saved_tensors
+    need_q, need_k = ctx.needs_input_grad[:2]  # (cos and sin never: refused in the forward)
+    if grad_q_out is None and grad_k_out is None:
+        return None, None, None, None, None, None
+    with _direct.below_autograd_unless_grad():  # create_graph=True: rope_backward's own autograd
+        grad_q, grad_k = backward(grad_q_out, grad_k_out, cos, sin, position_ids, ctx.interleaved)
+    return (
+        grad_q if need_q and grad_q_out is not None else None,
+        grad_k if need_k and grad_k_out is not None else None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+def _setup_context_checked(ctx, inputs, output):
+    _q, _k, cos, sin, _pos, _interleaved = _full_args(inputs)
+    _refuse_table_grads(cos, sin, grad_mode=False)
+    _setup_context(ctx, inputs, output)
+
+
+def _backward_setup_context(ctx, inputs, output):
+    grad_q_out, grad_k_out, cos, sin, position_ids, interleaved = inputs
+    _refuse_table_grads(cos, sin, grad_mode=False)
+    ctx.save_for_backward(cos, sin, position_ids)
+    ctx.interleaved = interleaved
+    ctx.set_materialize_grads(False)
+
+
+def _backward_backward(ctx, gg_q, gg_k):
+    """rope_backward is linear in the incoming gradients; its transpose is the forward rotation.
+    An absent second-order gradient is passed to rope as zero heads of the present one."""
+    cos, sin, position_ids = ctx.saved_tensors
+    need_q, need_k = ctx.needs_input_grad[:2]
+    if gg_q is None and gg_k is None:
+        return None, None, None, None, None, None
+    q_in = gg_q if gg_q is not None and gg_q.dim() == 4 else None
+    k_in = gg_k if gg_k is not None and gg_k.dim() == 4 else None
+    if q_in is None and k_in is None:
+        return None, None, None, None, None, None
+    q_arg = q_in if q_in is not None else k_in[:, :0]
+    k_arg = k_in if k_in is not None else q_in[:, :0]
+    with _direct.below_autograd_unless_grad():
+        out_q, out_k = forward(q_arg, k_arg, cos, sin, position_ids, ctx.interleaved)
+    return (
+        out_q if need_q and q_in is not None else None,
+        out_k if need_k and k_in is not None else None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+_forward_entry = forward._op
+_forward_inplace_entry = forward_._op
+
+
+class _Function(torch.autograd.Function):
+    """The public function's autograd path without the detour through the dispatcher (see
+    ops/_direct.py)."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, position_ids, interleaved):
+        with _direct.BelowAutograd():
+            out = _forward_entry(q, k, cos, sin, position_ids, interleaved)
+        _save(ctx, cos, sin, position_ids, interleaved)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_q_out, grad_k_out):
+        return _backward(ctx, grad_q_out, grad_k_out)
+
+
+_apply_function = _direct.bind_apply(_Function)
+_unwrap = _direct.unwrap_if_dead
+
+
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def direct(q, k, cos, sin, position_ids=None, interleaved=False):
+    """``forward(...)`` with autograd, where ``_direct.direct_call_allowed()``."""
+    if _needs_grad(q, k, cos, sin):
+        _refuse_table_grads(cos, sin)
+        return _apply_function(
+            _unwrap(q), _unwrap(k), cos, sin, None if position_ids is None else position_ids, interleaved
+        )
+    with _direct.BelowAutograd():
+        return _forward_entry(q, k, cos, sin, position_ids, interleaved)
+
+
+def _inplace_no_grad_check(q, k, cos, sin):
+    if _needs_grad(q, k, cos, sin):
+        raise RuntimeError(
+            "fusedops.rope_ rotates q and k in place and has no gradient (it is the inference form); "
+            "use fusedops.rope when gradients are needed, or call it under torch.no_grad()"
+        )
+
+
+def direct_inplace(q, k, cos, sin, position_ids=None, interleaved=False):
+    """``forward_(...)``, where ``_direct.direct_call_allowed()``."""
+    _inplace_no_grad_check(q, k, cos, sin)
+    with _direct.BelowAutograd():
+        _forward_inplace_entry(q, k, cos, sin, position_ids, interleaved)
+    torch.autograd.graph.increment_version((q, k))
+
+
+torch.library.register_autograd("fusedops::rope", _backward, setup_context=_setup_context_checked)
+torch.library.register_autograd(
+    "fusedops::rope_backward", _backward_backward, setup_context=_backward_setup_context
+)
+
+_lib = torch.library.Library("fusedops", "IMPL")
+
+
+def _inplace_autograd(q, k, cos, sin, position_ids=None, interleaved=False):
+    # The Autograd kernel of the in-place form: no gradient, but the mutations are recorded in
+    # the version counters, so autograd notices if a saved copy of q or k is modified.
+    _inplace_no_grad_check(q, k, cos, sin)
+    with _direct.BelowAutograd():
+        forward_(q, k, cos, sin, position_ids, interleaved)
+    torch.autograd.graph.increment_version((q, k))
+
+
+_lib.impl("rope_", _inplace_autograd, "Autograd")
+
+
+# ---- autocast ------------------------------------------------------------------------------
+
+
+def autocast_tables(q, cos, sin):
+    """cos/sin whose dtype goes with neither q's nor float32 are cast to q's dtype."""
+    if not cos_dtype_ok(q.dtype, cos.dtype):
+        cos = cos.to(q.dtype)
+    if not cos_dtype_ok(q.dtype, sin.dtype):
+        sin = sin.to(q.dtype)
+    return cos, sin
+
+
+def _autocast(q, k, cos, sin, position_ids=None, interleaved=False):
+    with torch._C._ExcludeDispatchKeyGuard(_norm.AUTOCAST_KEYS):
+        return forward(q, k, *autocast_tables(q, cos, sin), position_ids, interleaved)
+
+
+def _autocast_inplace(q, k, cos, sin, position_ids=None, interleaved=False):
+    with torch._C._ExcludeDispatchKeyGuard(_norm.AUTOCAST_KEYS):
+        return forward_(q, k, *autocast_tables(q, cos, sin), position_ids, interleaved)
+
+
+for _key in ("AutocastCPU", "AutocastCUDA"):
+    _lib.impl("rope", _autocast, _key)
+    _lib.impl("rope_", _autocast_inplace, _key)
+
+
+# ---- Triton, for CUDA tensors when the CUDA kernels do not serve them (ops/__init__.py) -------
+
+
+def _triton_forward(q, k, cos, sin, position_ids=None, interleaved=False):
+    check_forward(q, k, cos, sin, position_ids)
+    from ..triton import rope as kernels
+
+    q_out, k_out = output_like(q), output_like(k)
+    kernels.rope(q, k, cos, sin, position_ids, interleaved, False, q_out, k_out)
+    return q_out, k_out
+
+
+def _triton_forward_inplace(q, k, cos, sin, position_ids=None, interleaved=False):
+    check_forward(q, k, cos, sin, position_ids, op="rope_")
+    from ..triton import rope as kernels
+
+    kernels.rope(q, k, cos, sin, position_ids, interleaved, False, q, k)
+
+
+def _triton_backward(grad_q_out, grad_k_out, cos, sin, position_ids, interleaved):
+    check_backward(grad_q_out, grad_k_out, cos, sin, position_ids)
+    from ..triton import rope as kernels
+
+    other = grad_q_out if grad_q_out is not None else grad_k_out
+    grad_q = output_like(grad_q_out) if grad_q_out is not None else _absent_like(other, cos)
+    grad_k = output_like(grad_k_out) if grad_k_out is not None else _absent_like(other, cos)
+    if other is not None:
+        kernels.rope(
+            grad_q_out, grad_k_out, cos, sin, position_ids, interleaved, True,
+            grad_q if grad_q_out is not None else None, grad_k if grad_k_out is not None else None,
+        )
+    return grad_q, grad_k
+
+
+TRITON_IMPLS = {
+    "rope": _triton_forward,
+    "rope_": _triton_forward_inplace,
+    "rope_backward": _triton_backward,
+}

@@ -1,0 +1,361 @@
+"""rope beyond the generic suites: the public layouts by name, the in-place form, gradients that
+reach only one output, refused gradients of cos/sin, positions out of range (CPU error, GPU
+eager error and never an out-of-bounds read), Hugging Face's formula, and RotaryEmbedding
+against an fp64 transcription of its formulas (including LLaMA-3 scaling)."""
+
+import math
+
+import pytest
+import torch
+
+import fusedops
+from fusedops.testing.rope import _rotation_tables, reference, rotate
+from conftest import HAS_CUDA, device_params
+
+DEVICES = device_params()
+
+
+def _layout_tensors(layout, device, dtype, B=2, S=5, Hq=4, Hk=2, D=32, requires_grad=False):
+    """q, k in `layout`, and the (B, H, S, D) views of them the reference takes."""
+    if layout == "bhsd":
+        q, k = torch.randn(B, Hq, S, D, dtype=dtype, device=device), torch.randn(B, Hk, S, D, dtype=dtype, device=device)
+        view = lambda t: t  # noqa: E731
+    elif layout == "bshd":
+        q, k = torch.randn(B, S, Hq, D, dtype=dtype, device=device), torch.randn(B, S, Hk, D, dtype=dtype, device=device)
+        view = lambda t: t.transpose(1, 2)  # noqa: E731
+    else:
+        q, k = torch.randn(B * S, Hq, D, dtype=dtype, device=device), torch.randn(B * S, Hk, D, dtype=dtype, device=device)
+        view = lambda t: t.unsqueeze(0).transpose(1, 2)  # noqa: E731
+    return q.requires_grad_(requires_grad), k.requires_grad_(requires_grad), view
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["bhsd", "bshd", "thd"])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_layouts(layout, interleaved, device):
+    """Each layout by name: values and gradients against fp64, outputs in the input's layout."""
+    q, k, view = _layout_tensors(layout, device, torch.float32, requires_grad=True)
+    R = 24  # partial rotary
+    if layout == "thd":
+        positions = torch.tensor([0, 1, 2, 0, 1, 2, 3, 4, 5, 6], device=device)
+        cos, sin = _rotation_tables(torch.arange(9, device=device), R, torch.float32, device, interleaved)
+        q_out, k_out = fusedops.rope(q, k, cos, sin, layout="thd", position_ids=positions, interleaved=interleaved)
+        eq, ek = reference(view(q).double(), view(k).double(), cos.double(), sin.double(), positions[None], interleaved)
+    else:
+        cos, sin = torch.randn(2, 5, R, device=device), torch.randn(2, 5, R, device=device)
+        q_out, k_out = fusedops.rope(q, k, cos, sin, layout=layout, interleaved=interleaved)
+        eq, ek = reference(view(q).double(), view(k).double(), cos.double(), sin.double(), None, interleaved)
+    assert q_out.shape == q.shape and k_out.shape == k.shape
+    assert q_out.is_contiguous() and k_out.is_contiguous()  # the input's layout again
+    torch.testing.assert_close(view(q_out).double(), eq, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(view(k_out).double(), ek, atol=1e-5, rtol=1e-5)
+    gq, gk = torch.randn_like(q_out), torch.randn_like(k_out)
+    dq, dk = torch.autograd.grad((q_out, k_out), (q, k), (gq, gk))
+    qd, kd = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+    if layout == "thd":
+        rq, rk = reference(view(qd), view(kd), cos.double(), sin.double(), positions[None], interleaved)
+    else:
+        rq, rk = reference(view(qd), view(kd), cos.double(), sin.double(), None, interleaved)
+    eq_grad, ek_grad = torch.autograd.grad((rq, rk), (qd, kd), (view(gq).double(), view(gk).double()))
+    torch.testing.assert_close(dq.double(), eq_grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dk.double(), ek_grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_thd_per_token_tables(device):
+    """thd without position_ids: cos/sin hold one (T, R) row per token."""
+    q, k, view = _layout_tensors("thd", device, torch.float32)
+    cos, sin = torch.randn(10, 32, device=device), torch.randn(10, 32, device=device)
+    q_out, k_out = fusedops.rope(q, k, cos, sin, layout="thd")
+    eq, ek = reference(view(q), view(k), cos[None], sin[None])
+    torch.testing.assert_close(view(q_out), eq)
+    torch.testing.assert_close(view(k_out), ek)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_outputs_keep_dense_strides(device):
+    """A dense permuted input gives an output with its strides; a sliced one a contiguous output."""
+    base = torch.randn(2, 5, 4, 16, device=device)
+    q = base.transpose(1, 2)  # bshd storage seen as bhsd
+    k = torch.randn(2, 5, 2, 16, device=device).transpose(1, 2)
+    c, s = torch.randn(1, 5, 16, device=device), torch.randn(1, 5, 16, device=device)
+    q_out, k_out = fusedops.rope(q, k, c, s)
+    assert q_out.stride() == q.stride() and k_out.stride() == k.stride()
+    sliced = torch.randn(2, 4, 5, 20, device=device)[..., 2:18]
+    q_out, _ = fusedops.rope(sliced, k, c, s)
+    assert q_out.is_contiguous()
+    torch.testing.assert_close(q_out, reference(sliced, k, c, s)[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["bhsd", "bshd", "thd"])
+def test_inplace(layout, device):
+    """rope_ writes rope's result into q and k themselves (features past R untouched), returns
+    them, and bumps their version counters."""
+    q, k, view = _layout_tensors(layout, device, torch.bfloat16)
+    R = 16
+    if layout == "thd":
+        positions = torch.arange(10, device=device) % 5
+        cos, sin = _rotation_tables(torch.arange(5, device=device), R, torch.float32, device)
+        kwargs = dict(layout=layout, position_ids=positions)
+    else:
+        cos, sin = torch.randn(1, 5, R, device=device), torch.randn(1, 5, R, device=device)
+        kwargs = dict(layout=layout)
+    eq, ek = fusedops.rope(q, k, cos, sin, **kwargs)
+    q0, k0 = q.clone(), k.clone()
+    versions = (q._version, k._version)
+    rq, rk = fusedops.rope_(q, k, cos, sin, **kwargs)
+    assert rq is q and rk is k
+    assert q._version > versions[0] and k._version > versions[1]
+    assert torch.equal(q, eq) and torch.equal(k, ek)
+    assert torch.equal(q[..., R:], q0[..., R:]) and torch.equal(k[..., R:], k0[..., R:])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inplace_strided_last_dim(device):
+    """A q whose last dimension is strided is rotated through a copy and written back."""
+    q = torch.randn(1, 2, 3, 16, device=device).transpose(2, 3).contiguous().transpose(2, 3)
+    assert q.stride(-1) != 1
+    k = torch.randn(1, 2, 3, 16, device=device)
+    c, s = torch.randn(1, 3, 16, device=device), torch.randn(1, 3, 16, device=device)
+    eq, ek = reference(q, k, c, s)
+    fusedops.rope_(q, k, c, s)
+    torch.testing.assert_close(q, eq)
+    torch.testing.assert_close(k, ek)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_qkv_views(device):
+    """q and k as views of one fused QKV projection output (B, S, (Hq + 2 Hk) * D): rotated
+    without a copy, and in place straight into the projection's buffer."""
+    B, S, Hq, Hk, D = 2, 5, 4, 2, 16
+    qkv = torch.randn(B, S, (Hq + 2 * Hk) * D, device=device)
+    q = qkv[..., : Hq * D].view(B, S, Hq, D)
+    k = qkv[..., Hq * D : (Hq + Hk) * D].view(B, S, Hk, D)
+    c, s = torch.randn(B, S, D, device=device), torch.randn(B, S, D, device=device)
+    eq, ek = reference(q.transpose(1, 2), k.transpose(1, 2), c, s)
+    q_out, k_out = fusedops.rope(q, k, c, s, layout="bshd")
+    torch.testing.assert_close(q_out.transpose(1, 2), eq)
+    torch.testing.assert_close(k_out.transpose(1, 2), ek)
+    v_before = qkv[..., (Hq + Hk) * D :].clone()
+    fusedops.rope_(q, k, c, s, layout="bshd")
+    torch.testing.assert_close(q.transpose(1, 2), eq)
+    torch.testing.assert_close(k.transpose(1, 2), ek)
+    assert torch.equal(qkv[..., (Hq + Hk) * D :], v_before)  # v untouched
+
+
+def test_inplace_refuses_grad():
+    q = torch.randn(1, 2, 3, 8, requires_grad=True)
+    k = torch.randn(1, 2, 3, 8)
+    c, s = torch.randn(1, 3, 8), torch.randn(1, 3, 8)
+    with pytest.raises(RuntimeError, match=r"fusedops.rope_ rotates q and k in place and has no gradient"):
+        fusedops.rope_(q, k, c, s)
+    with pytest.raises(RuntimeError, match=r"fusedops.rope_ rotates q and k in place and has no gradient"):
+        torch.ops.fusedops.rope_(q, k, c, s)
+    with torch.no_grad():
+        fusedops.rope_(q, k, c, s)
+
+
+def test_inplace_compiles():
+    """Under torch.compile the in-place form is functionalised and still mutates its inputs."""
+    q, k = torch.randn(2, 4, 6, 16), torch.randn(2, 2, 6, 16)
+    c, s = torch.randn(1, 6, 16), torch.randn(1, 6, 16)
+    eq, ek = reference(q, k, c, s)
+
+    def f(q, k, c, s):
+        fusedops.rope_(q, k, c, s)
+        return q * 2
+
+    out = torch.compile(f, fullgraph=True)(q, k, c, s)
+    torch.testing.assert_close(q, eq)
+    torch.testing.assert_close(k, ek)
+    torch.testing.assert_close(out, 2 * eq)
+
+
+def test_table_gradients_refused():
+    q, k = torch.randn(1, 2, 3, 8, requires_grad=True), torch.randn(1, 2, 3, 8)
+    c, s = torch.randn(1, 3, 8, requires_grad=True), torch.randn(1, 3, 8)
+    with pytest.raises(NotImplementedError, match=r"gradients with respect to cos and sin are not supported"):
+        fusedops.rope(q, k, c, s)
+    with pytest.raises(NotImplementedError, match=r"gradients with respect to cos and sin are not supported"):
+        torch.ops.fusedops.rope(q, k, c, s)
+    # (torch.compile reports it wrapped, message included)
+    with pytest.raises(Exception, match=r"gradients with respect to cos and sin are not supported"):
+        torch.compile(fusedops.rope, fullgraph=True)(q, k, c, s)
+    q_out, _ = fusedops.rope(q, k, c.detach(), s)  # detached tables are fine
+    assert q_out.requires_grad
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradient_through_one_output(device):
+    """Only k_out used: q's gradient is None (not read as zeros), k's is right."""
+    q = torch.randn(1, 4, 3, 8, device=device, requires_grad=True)
+    k = torch.randn(1, 2, 3, 8, device=device, requires_grad=True)
+    c, s = torch.randn(1, 3, 8, device=device), torch.randn(1, 3, 8, device=device)
+    _q_out, k_out = fusedops.rope(q, k, c, s)
+    g = torch.randn_like(k_out)
+    dq, dk = torch.autograd.grad(k_out, (q, k), g, allow_unused=True)
+    assert dq is None
+    kd = k.detach().double().requires_grad_()
+    (expected,) = torch.autograd.grad(reference(q.detach().double(), kd, c.double(), s.double())[1], kd, g.double())
+    torch.testing.assert_close(dk.double(), expected)
+    # Double backward with one output: the transposes run on zero heads of the other.
+    qd = q.detach().double().requires_grad_()
+    kd = k.detach().double().requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda a, b: fusedops.rope(a, b, c.double(), s.double())[1], (qd, kd))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inverse_rotation(device):
+    """With a real rotation, backward is the inverse: rope_backward(rope(x)) == x."""
+    q, k = torch.randn(2, 4, 7, 64, device=device, dtype=torch.float64), torch.randn(2, 2, 7, 64, device=device, dtype=torch.float64)
+    for interleaved in (False, True):
+        c, s = _rotation_tables(torch.arange(7, device=device)[None], 64, torch.float64, device, interleaved)
+        y = torch.ops.fusedops.rope(q, k, c, s, None, interleaved)
+        back = torch.ops.fusedops.rope_backward(*y, c, s, None, interleaved)
+        torch.testing.assert_close(back[0], q)
+        torch.testing.assert_close(back[1], k)
+
+
+def _hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """Hugging Face's apply_rotary_pos_emb, as written in transformers' LLaMA model."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + rotate(q, False) * sin, k * cos + rotate(k, False) * sin
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_matches_hugging_face_with_rotary_embedding(device):
+    """RotaryEmbedding's tables with fusedops.rope equal HF's formula in fp32, and bf16 within
+    one rounding (fusedops rounds once; HF's bf16 math rounds at each step)."""
+    rot = fusedops.nn.RotaryEmbedding(64, max_position_embeddings=128, device=device)
+    position_ids = torch.arange(10, device=device)[None].expand(2, 10) + torch.tensor([[0], [5]], device=device)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        q = torch.randn(2, 8, 10, 64, device=device, dtype=dtype)
+        k = torch.randn(2, 2, 10, 64, device=device, dtype=dtype)
+        cos, sin = rot(q, position_ids)
+        assert cos.dtype == dtype and cos.shape == (2, 10, 64)
+        eq, ek = _hf_apply_rotary_pos_emb(q.float(), k.float(), cos.float(), sin.float())
+        q_out, k_out = fusedops.rope(q, k, cos, sin)
+        torch.testing.assert_close(q_out.float(), eq, atol=tol, rtol=tol)
+        torch.testing.assert_close(k_out.float(), ek, atol=tol, rtol=tol)
+
+
+def test_bad_layout_and_shapes():
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
+    c, s = torch.randn(1, 5, 8), torch.randn(1, 5, 8)
+    with pytest.raises(ValueError, match=r"fusedops.rope: layout must be 'bhsd', 'bshd' or 'thd', got 'sbhd'"):
+        fusedops.rope(q, k, c, s, layout="sbhd")
+    with pytest.raises(ValueError, match=r"fusedops.rope_: layout must be 'bhsd', 'bshd' or 'thd', got 'BHSD'"):
+        fusedops.rope_(q, k, c, s, layout="BHSD")
+    with pytest.raises(ValueError, match=r"fusedops.rope: q must be a 3-D \(tokens, heads, head_dim\) tensor for layout "
+                                         r"'thd', got shape \[2, 4, 5, 8\]"):
+        fusedops.rope(q, k, c, s, layout="thd")
+    with pytest.raises(ValueError, match=r"fusedops.rope: k must be a 4-D \(batch, seq, heads, head_dim\) tensor for "
+                                         r"layout 'bshd', got a 0-dimensional tensor"):
+        fusedops.rope(q, torch.tensor(0.0), c, s, layout="bshd")
+    with pytest.raises(ValueError, match=r"fusedops.rope: position_ids must be a 1-D \(tokens,\) tensor for layout 'thd'"):
+        fusedops.rope(q[0], k[0], c[0], s[0], layout="thd", position_ids=torch.zeros(1, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_positions_out_of_range_raise(device):
+    """Eager calls name the first bad position (CPU: the kernel; GPU: a check before the launch)."""
+    q, k = torch.randn(6, 4, 8, device=device), torch.randn(6, 2, 8, device=device)
+    table = torch.randn(4, 8, device=device)
+    for positions, match in [
+        (torch.tensor([0, 1, 2, 3, 4, 0], device=device), r"rope: position_ids\[0, 4\] = 4 is outside the cos/sin tables' 4 rows"),
+        (torch.tensor([0, -2, 1, 2, 3, 0], device=device, dtype=torch.int32), r"rope: position_ids\[0, 1\] = -2 is outside"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            fusedops.rope(q, k, table, table, layout="thd", position_ids=positions)
+        with pytest.raises(ValueError, match=match.replace("rope:", "rope_:")):
+            fusedops.rope_(q, k, table, table, layout="thd", position_ids=positions)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
+def test_positions_out_of_range_gpu_kernels_write_nan():
+    """Where eager checks do not run (the op called directly, as under torch.compile or a CUDA
+    graph), the GPU kernels never read outside the tables: the rotated features of such a
+    position are NaN, the others exact (compute-sanitizer runs this too)."""
+    q, k = torch.randn(1, 4, 3, 32, device="cuda"), torch.randn(1, 2, 3, 32, device="cuda")
+    table = torch.randn(4, 16, device="cuda")
+    positions = torch.tensor([[1, 1 << 40, -3]], device="cuda")
+    q_out, k_out = torch.ops.fusedops.rope(q, k, table, table, positions)
+    good = reference(q[:, :, :1], k[:, :, :1], table, table, positions[:, :1])
+    torch.testing.assert_close(q_out[:, :, :1], good[0])
+    torch.testing.assert_close(k_out[:, :, :1], good[1])
+    for out, x in ((q_out, q), (k_out, k)):
+        assert out[:, :, 1:, :16].isnan().all()
+        assert torch.equal(out[:, :, 1:, 16:], x[:, :, 1:, 16:])
+
+
+# ---- RotaryEmbedding -------------------------------------------------------------------------
+
+
+def _inv_freq_fp64(dim, base, scaling=None):
+    """The frequencies from the formulas, in fp64: base^(-2i/dim), and LLaMA-3's scaling: long
+    wavelengths (> original_max / low_freq_factor) divided by `factor`, short ones (<
+    original_max / high_freq_factor) kept, and in between a blend by the smoothing factor
+    (original_max / wavelength - low) / (high - low)."""
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    if scaling is None:
+        return inv
+    factor, low, high, orig = (scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"],
+                               scaling["original_max_position_embeddings"])
+    out = []
+    for f in inv.tolist():
+        wavelength = 2 * math.pi / f
+        if wavelength < orig / high:
+            out.append(f)
+        elif wavelength > orig / low:
+            out.append(f / factor)
+        else:
+            smooth = (orig / wavelength - low) / (high - low)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("scaling", [None, LLAMA3], ids=["default", "llama3"])
+def test_rotary_embedding_against_formulas(scaling):
+    dim, base = 128, 500000.0
+    rot = fusedops.nn.RotaryEmbedding(dim, max_position_embeddings=131072, base=base, rope_scaling=scaling)
+    expected = _inv_freq_fp64(dim, base, scaling)
+    assert rot.inv_freq.dtype == torch.float32 and rot.inv_freq.shape == (dim // 2,)
+    torch.testing.assert_close(rot.inv_freq.double(), expected, atol=0, rtol=1e-6)  # a few float32 ulps
+    # The band edges of LLaMA-3 are all present in this range of frequencies.
+    if scaling is not None:
+        unscaled = _inv_freq_fp64(dim, base)
+        assert (expected == unscaled).any() and (expected == unscaled / 8).any()
+        assert ((expected != unscaled) & (expected != unscaled / 8)).any()
+    position_ids = torch.tensor([[0, 1, 2, 1000, 65535], [7, 8, 9, 10, 131071]])
+    x = torch.randn(2, 5, 16, dtype=torch.bfloat16)
+    cos, sin = rot(x, position_ids)
+    assert cos.dtype == sin.dtype == torch.bfloat16 and cos.shape == (2, 5, dim)
+    # HF computes angles in float32 from the float32 inv_freq: compare in fp64 to that.
+    angles = position_ids.double()[..., None] * rot.inv_freq.double()
+    angles = angles.float().double()
+    full = torch.cat((angles, angles), dim=-1)
+    cos32, sin32 = rot(x.float(), position_ids)
+    torch.testing.assert_close(cos32.double(), full.cos(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(sin32.double(), full.sin(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(cos, cos32.to(torch.bfloat16), atol=0, rtol=0)
+
+
+def test_rotary_embedding_module_behaviour():
+    rot = fusedops.nn.RotaryEmbedding(64)
+    assert "inv_freq" not in rot.state_dict()  # a non-persistent buffer, as in HF
+    assert rot.attention_scaling == 1.0
+    with pytest.raises(ValueError, match=r"RotaryEmbedding: dim must be a positive even number, got 7"):
+        fusedops.nn.RotaryEmbedding(7)
+    with pytest.raises(ValueError, match=r"RotaryEmbedding: rope_type 'yarn' is not supported"):
+        fusedops.nn.RotaryEmbedding(64, rope_scaling={"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match=r"RotaryEmbedding: llama3 rope_scaling needs 'low_freq_factor'"):
+        fusedops.nn.RotaryEmbedding(64, rope_scaling={"rope_type": "llama3", "factor": 8.0})
+    x = torch.randn(1, 3, 8)
+    cos, sin = torch.compile(rot, fullgraph=True)(x, torch.arange(3)[None])
+    torch.testing.assert_close(cos, rot(x, torch.arange(3)[None])[0])
