@@ -195,12 +195,15 @@ def _fusedops(case, device):
 def _fusedops_raw(case, device):
     op = torch.ops.fusedops.rope.default
 
+    # (the op takes and returns (B, H, S, D) views; the outputs are viewed back in the layout)
     def run(q, k, cos, sin, position_ids, layout, interleaved):
         if layout == "bshd":
-            return op(q.transpose(1, 2), k.transpose(1, 2), cos, sin, None, interleaved)
+            q_out, k_out = op(q.transpose(1, 2), k.transpose(1, 2), cos, sin, None, interleaved)
+            return q_out.transpose(1, 2), k_out.transpose(1, 2)
         if layout == "thd":
-            return op(q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2), cos, sin, position_ids[None],
-                      interleaved)
+            q_out, k_out = op(q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2), cos, sin,
+                              position_ids[None], interleaved)
+            return q_out.transpose(1, 2)[0], k_out.transpose(1, 2)[0]
         return op(q, k, cos, sin, None, interleaved)
 
     return run

@@ -377,7 +377,8 @@ def direct_inplace(q, k, cos, sin, position_ids=None, interleaved=False):
     _inplace_no_grad_check(q, k, cos, sin)
     with _direct.BelowAutograd():
         _forward_inplace_entry(q, k, cos, sin, position_ids, interleaved)
-    torch.autograd.graph.increment_version((q, k))
+    torch.autograd.graph.increment_version(q)
+    torch.autograd.graph.increment_version(k)
 
 
 torch.library.register_autograd("fusedops::rope", _backward, setup_context=_setup_context_checked)
@@ -394,7 +395,8 @@ def _inplace_autograd(q, k, cos, sin, position_ids=None, interleaved=False):
     _inplace_no_grad_check(q, k, cos, sin)
     with _direct.BelowAutograd():
         forward_(q, k, cos, sin, position_ids, interleaved)
-    torch.autograd.graph.increment_version((q, k))
+    torch.autograd.graph.increment_version(q)
+    torch.autograd.graph.increment_version(k)
 
 
 _lib.impl("rope_", _inplace_autograd, "Autograd")
