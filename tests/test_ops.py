@@ -191,6 +191,16 @@ def test_autocast(info, device):
     info.autocast_check(device)
 
 
+@pytest.mark.parametrize("info", OPS)
+def test_autocast_with_python_prechecks(info, monkeypatch):
+    """Under autocast the public functions' Python argument checks (on for torch < 2.13, where a
+    raising kernel crashes) see the arguments the autocast rule will pass on: here forced on."""
+    import fusedops.functional
+
+    monkeypatch.setattr(fusedops.functional, "PRECHECK_ARGUMENTS", True)
+    info.autocast_check("cpu")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("info", OPS)
 def test_compile_fullgraph_dynamic(info, device):

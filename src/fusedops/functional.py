@@ -281,6 +281,8 @@ def _rope_eager_checks(op, q, k, cos, sin, position_ids, check_forward):
     # that raises crashes: fusedops/_native.py); on a GPU here, before the launch (one
     # reduction and a sync), except while compiling or capturing a CUDA graph, where the
     # kernels write NaN for an out-of-range position instead of reading out of bounds.
+    if torch.is_autocast_enabled(q.device.type):
+        cos, sin = _rope.autocast_tables(q, cos, sin)  # what the autocast rule will pass on
     if PRECHECK_ARGUMENTS and not torch.compiler.is_compiling():
         check_forward(q, k, cos, sin, position_ids)
     if (
