@@ -735,6 +735,16 @@ def save_results(out_dir: Path, rows: list, run: dict, append: bool) -> Path:
     provider) and keeps the rest, so runs of different fusedops backends (or
     of a subset of providers) accumulate into one table.
     """
+    return _write_merged(out_dir, rows, [run], append)
+
+
+def merge_results(out_dir: Path, src_dir: Path) -> Path:
+    """Merge the results.csv and meta.json of another results directory (a run made elsewhere,
+    say on the GPU machine) into ``out_dir``, with save_results' append rule."""
+    return _write_merged(out_dir, read_rows(src_dir / "results.csv"), read_runs(src_dir / "meta.json"), True)
+
+
+def _write_merged(out_dir: Path, rows: list, new_runs: list, append: bool) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, meta_path = out_dir / "results.csv", out_dir / "meta.json"
     new_rows = [{k: _cell(r.get(k)) for k in CSV_COLUMNS} for r in rows]
@@ -757,8 +767,9 @@ def save_results(out_dir: Path, rows: list, run: dict, append: bool) -> Path:
         writer.writeheader()
         writer.writerows(merged)
     used = {r.get("run_id") for r in merged}
-    runs = [r for r in runs if r.get("run_id") in used and r.get("run_id") != run["run_id"]]
-    runs.append(run)
+    new_ids = {r.get("run_id") for r in new_runs}
+    runs = [r for r in runs if r.get("run_id") in used and r.get("run_id") not in new_ids]
+    runs.extend(r for r in new_runs if r.get("run_id") in used)
     with open(meta_path, "w", encoding="utf-8") as fh:
         json.dump({"runs": runs}, fh, indent=2, sort_keys=True)
         fh.write("\n")

@@ -67,6 +67,9 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before running")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-plot", action="store_true", help="do not write the PNG plots")
+    parser.add_argument("--merge", type=Path, action="append", default=[], metavar="DIR",
+                        help="merge the results in DIR (results.csv, meta.json of a run made elsewhere) "
+                             "into --out, as --append would, then rewrite the reports; repeatable")
     parser.add_argument("--report-only", action="store_true",
                         help="only rewrite results.md / plots / summary from the CSV in --out")
     parser.add_argument("--list", action="store_true",
@@ -120,7 +123,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available() and not args.report_only:
+    if device == "cuda" and not torch.cuda.is_available() and not (args.report_only or args.merge):
         print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
         return 2
     if args.threads:
@@ -151,7 +154,9 @@ def main(argv=None) -> int:
                 print(f"  provider {probe.label}{version}: {state}{extra}")
         return 0
 
-    if not args.report_only:
+    for src in args.merge:
+        harness.merge_results(out_dir, src.resolve())
+    if not args.report_only and not args.merge:
         settings = harness.Settings(
             device=device,
             modes=tuple(args.modes),

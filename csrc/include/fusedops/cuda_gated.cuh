@@ -7,8 +7,8 @@
 // operand's base, row strides and (packed) half offset allow it, else the widest access they
 // all allow (8, 4, 2 bytes: a packed gate_up whose n * sizeof(T) is not a multiple of 16). A
 // row's last vector may be partial; it is read and written element by element. A block of
-// kThreads threads owns a tile of up to kThreads * U vectors: part of one row (wide rows,
-// which are split into equal tiles) or several whole rows (narrow rows). Each thread issues
+// kThreads threads owns a tile of up to kThreads * U vectors: part of one row (wide rows, cut
+// into tiles of that many vectors) or several whole rows (narrow rows). Each thread issues
 // every load of its vectors (16 elements of each input in the forward, 8 in the backward)
 // before it computes and stores, so an SM keeps some 64-100 KB in flight: more than the H200
 // needs per SM to reach its copy bandwidth. When every operand is contiguous the whole tensor is one row of
@@ -134,21 +134,24 @@ __device__ __forceinline__ void store_at(T* row, int64_t col, int64_t n, const a
 }
 
 // The block's tile: rows [row0, row0 + rows) and vectors [c0, c0 + width) of each. kWide: part
-// of one row (rows = 1; wide rows are split into tiles_per_row equal tiles); else whole rows,
-// rows_per_block of them.
+// of one row (rows = 1; wide rows are cut into tiles_per_row tiles of kTileVecs vectors, the
+// last one shorter); else whole rows, rows_per_block of them. The block index and tile counts
+// fit 32 bits (the host checks the grid): 32-bit division here, since 64-bit division costs
+// more issue slots per block than a memory-bound kernel can spare.
 struct Tile {
   int64_t row0, rows, c0, width;
 
-  template <bool kWide, typename T>
+  template <bool kWide, int64_t kTileVecs, typename T>
   __device__ __forceinline__ static Tile of(const Args<T>& a) {
     Tile t;
     const int64_t b = blockIdx.x;
     if constexpr (kWide) {
-      t.row0 = b / a.tiles_per_row;
+      const unsigned tiles = unsigned(a.tiles_per_row);
+      const unsigned row = blockIdx.x / tiles;
+      t.row0 = row;
       t.rows = 1;
-      const int64_t k = b % a.tiles_per_row;
-      t.c0 = k * a.nvec / a.tiles_per_row;
-      t.width = (k + 1) * a.nvec / a.tiles_per_row - t.c0;
+      t.c0 = int64_t(blockIdx.x - row * tiles) * kTileVecs;
+      t.width = min(kTileVecs, a.nvec - t.c0);
     } else {
       t.row0 = b * a.rows_per_block;
       t.rows = min(a.rows_per_block, a.num_rows - t.row0);
@@ -184,10 +187,11 @@ struct Slots {
     } else {
 #pragma unroll
       for (int i = 0; i < U; ++i) {
-        const int64_t l = threadIdx.x + int64_t(i) * kThreads;
+        const unsigned l = threadIdx.x + unsigned(i) * kThreads, width = unsigned(t.width);  // < a tile: 32 bits
         live[i] = l < t.rows * t.width;
-        const int64_t row = t.row0 + (live[i] ? l / t.width : 0);
-        col[i] = (live[i] ? l % t.width : 0) * VEC;
+        const unsigned r = live[i] ? l / width : 0;
+        const int64_t row = t.row0 + r;
+        col[i] = int64_t(live[i] ? l - r * width : 0) * VEC;
         g[i] = a.g.rows.offset(row);
         u[i] = a.u.rows.offset(row);
         dy[i] = backward ? a.dy.rows.offset(row) : 0;
@@ -201,7 +205,7 @@ template <Act kAct, typename T, int VEC, bool kWide>
 __global__ void __launch_bounds__(kThreads) forward_kernel(Args<T> a) {
   using A = acc_t<T>;
   constexpr int U = forward_unroll(VEC);
-  const Slots<kWide, U, VEC, T> s(a, Tile::of<kWide>(a), false);
+  const Slots<kWide, U, VEC, T> s(a, Tile::of<kWide, int64_t(kThreads) * U>(a), false);
   Vec<T, VEC> gv[U], uv[U];
 #pragma unroll
   for (int i = 0; i < U; ++i) {
@@ -224,7 +228,7 @@ template <Act kAct, typename T, int VEC, bool kWide>
 __global__ void __launch_bounds__(kThreads) backward_kernel(Args<T> a) {
   using A = acc_t<T>;
   constexpr int U = backward_unroll(VEC);
-  const Slots<kWide, U, VEC, T> s(a, Tile::of<kWide>(a), true);
+  const Slots<kWide, U, VEC, T> s(a, Tile::of<kWide, int64_t(kThreads) * U>(a), true);
   Vec<T, VEC> dv[U], gv[U], uv[U];
 #pragma unroll
   for (int i = 0; i < U; ++i) {
