@@ -84,8 +84,8 @@ class GatedOp:
 
     # ---- checks (positional args as in the schema) ---------------------------------------------
 
-    def check_forward(self, *args, op=None):
-        op = op or self.name
+    def check_forward(self, *args):
+        op = self.name
         tensors, approximate = self._split(args)
         if self.gelu:
             check_approximate(op, approximate)
