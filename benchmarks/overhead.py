@@ -1,0 +1,72 @@
+"""Where rms_norm's per-call time goes on a tiny input, layer by layer (host overhead, not
+bandwidth): torch's own F.rms_norm, the public function, the registered op through the
+dispatcher's Autograd kernel, the direct autograd path, the op alone below autograd, and
+reference points (an allocation, an elementwise op). Steady-state loops, min and median of five.
+
+    python benchmarks/overhead.py [--device cuda] [--shape 16x4096]
+"""
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+import fusedops
+from fusedops.ops import _direct
+from fusedops.ops import rms_norm as op
+
+
+def per_call_us(fn, device, n):
+    for _ in range(max(50, n // 40)):
+        fn()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        times.append((time.perf_counter() - t0) / n * 1e6)
+    times.sort()
+    return times[0], times[2]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--shape", default="16x4096")
+    parser.add_argument("--calls", type=int, default=20000)
+    args = parser.parse_args()
+    shape = tuple(int(s) for s in args.shape.split("x"))
+    x = torch.randn(shape, device=args.device, dtype=torch.bfloat16)
+    w = torch.randn(shape[-1], device=args.device, dtype=torch.bfloat16)
+    eps, n = 1e-6, shape[-1:]
+    print(f"rms_norm {args.shape} bf16 on {args.device}, torch {torch.__version__}: us per call (min, median)")
+
+    def show(name, fn):
+        lo, med = per_call_us(fn, args.device, args.calls)
+        print(f"  {name:52s} {lo:7.2f} {med:7.2f}")
+
+    for requires_grad in (False, True):
+        x.requires_grad_(requires_grad)
+        w.requires_grad_(requires_grad)
+        print(f"inputs requiring grad: {requires_grad}")
+        show("F.rms_norm", lambda: F.rms_norm(x, n, w, eps))
+        show("fusedops.rms_norm", lambda: fusedops.rms_norm(x, w, eps))
+        show("torch.ops.fusedops.rms_norm (Autograd kernel)", lambda: torch.ops.fusedops.rms_norm(x, w, eps))
+        show("ops.rms_norm.direct (no argument checks)", lambda: op.direct(x, w, eps))
+        show("x.mul(w)", lambda: x.mul(w))
+    x.requires_grad_(False)
+    w.requires_grad_(False)
+    print("below autograd")
+    show("argument checks in Python (torch < 2.13)", lambda: op.check_forward(x, w, eps))
+    with _direct.BelowAutograd():
+        show("the op alone", lambda: op.forward(x, w, eps))
+        show("torch.empty_like(x), torch.empty(rows)", lambda: (torch.empty_like(x), torch.empty(shape[0], device=args.device)))
+        show("x.mul(w)", lambda: x.mul(w))
+
+
+if __name__ == "__main__":
+    main()
