@@ -24,6 +24,7 @@
 
 #include "fusedops/cpu_convert.h"
 #include "fusedops/cpu_isa.h"
+#include "fusedops/cpu_memory.h"
 #include "fusedops/norm.h"
 
 namespace fusedops::norm::cpu {
@@ -489,22 +490,36 @@ inline void add_backward(const BackwardProblem& p, const BackwardOutputs& o, con
 
 // The kernels as one type, for the registered functions shared by both backends (norm_ops.h).
 // Member templates, so that a translation unit compiles only the kernels its functions call.
+// Each asks for huge pages under the activation-sized outputs it is about to write
+// (cpu_memory.h: faulting a fresh output in 4 KiB pages costs as much as the row loop).
 struct Kernels {
   template <bool kCentered>
   static void forward(const Problem& p, const ForwardOutputs& o, const char* op) {
+    ::fusedops::cpu::advise_huge_pages(o.out);
     cpu::forward<kCentered>(p, o, op);
   }
   template <bool kCentered>
   static void backward(const BackwardProblem& p, const BackwardOutputs& o, const char* op) {
+    advise_grads(o);
     cpu::backward<kCentered>(p, o, op);
   }
   template <typename = void>
   static void add_forward(const AddProblem& p, const ForwardOutputs& o, const char* op) {
+    ::fusedops::cpu::advise_huge_pages(o.out);
+    if (o.residual_out && o.residual_out->const_data_ptr() != p.residual.const_data_ptr())  // not in place
+      ::fusedops::cpu::advise_huge_pages(*o.residual_out);
     cpu::add_forward(p, o, op);
   }
   template <typename = void>
   static void add_backward(const BackwardProblem& p, const BackwardOutputs& o, const char* op) {
+    advise_grads(o);
     cpu::add_backward(p, o, op);
+  }
+
+ private:
+  static void advise_grads(const BackwardOutputs& o) {
+    ::fusedops::cpu::advise_huge_pages(o.grad_input);
+    if (o.grad_residual) ::fusedops::cpu::advise_huge_pages(*o.grad_residual);
   }
 };
 
