@@ -198,7 +198,7 @@ def test_gradient_through_one_output(device):
     assert dq is None
     kd = k.detach().double().requires_grad_()
     (expected,) = torch.autograd.grad(reference(q.detach().double(), kd, c.double(), s.double())[1], kd, g.double())
-    torch.testing.assert_close(dk.double(), expected)
+    torch.testing.assert_close(dk.double(), expected, atol=1e-5, rtol=1e-5)  # float32 math against fp64
     # Double backward with one output: the transposes run on zero heads of the other.
     qd = q.detach().double().requires_grad_()
     kd = k.detach().double().requires_grad_()
