@@ -35,10 +35,11 @@ def test_cast_before_weight_rounds_like_llama(device):
     fp32 = fusedops.rms_norm(x, w, 1e-6)
     cast_mismatch = (cast != llama).float().mean().item()
     fp32_mismatch = (fp32 != llama).float().mean().item()
-    # (a last-bit difference in rstd can still flip a rounding now and then)
+    # (a last-bit difference in rstd can still flip a rounding now and then: the normalised
+    # value's, which the weight multiply can carry to two units in the last place)
     assert cast_mismatch < 0.002, cast_mismatch
     assert fp32_mismatch > 0.05, fp32_mismatch
-    torch.testing.assert_close(cast, llama, atol=0.0, rtol=2**-7)
+    torch.testing.assert_close(cast, llama, atol=0.0, rtol=2**-6)
 
 
 @pytest.mark.parametrize("device", DEVICES)
