@@ -281,16 +281,22 @@ def _rope_eager_checks(op, q, k, cos, sin, position_ids, check_forward):
     # that raises crashes: fusedops/_native.py); on a GPU here, before the launch (one
     # reduction and a sync), except while compiling or capturing a CUDA graph, where the
     # kernels write NaN for an out-of-range position instead of reading out of bounds.
-    if torch.is_autocast_enabled(q.device.type):
-        cos, sin = _rope.autocast_tables(q, cos, sin)  # what the autocast rule will pass on
-    if PRECHECK_ARGUMENTS and not torch.compiler.is_compiling():
-        check_forward(q, k, cos, sin, position_ids)
-    if (
+    compiling = torch.compiler.is_compiling()
+    check_arguments = PRECHECK_ARGUMENTS and not compiling
+    check_positions = (
         position_ids is not None
         and (q.device.type != "cpu" or PRECHECK_ARGUMENTS)
-        and not torch.compiler.is_compiling()
+        and not compiling
         and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
-    ):
+    )
+    if not (check_arguments or check_positions):
+        return
+    if torch.is_autocast_enabled(q.device.type):
+        # Check what the autocast rule will pass on (a copy of the tables only when checking).
+        cos, sin = _rope.autocast_tables(q, cos, sin)
+    if check_arguments:
+        check_forward(q, k, cos, sin, position_ids)
+    if check_positions:
         _rope.check(op, "q", "k", q, k, cos, sin, position_ids)
         _rope.check_positions(op, position_ids, cos)
 
