@@ -3,10 +3,10 @@
 // Memory-bound: q and k are read once and the outputs written once, in one launch for both.
 // A thread owns one "unit" of the rotary features of a position: VEC elements and their
 // partners (rotate-half: the VEC elements j.. and j + R/2..; interleaved: VEC adjacent elements
-// holding VEC/2 pairs), VEC = 16 bytes of T. It loads that unit's cosines and signed sines once
-// (in float32, the sign and the backward's transposed sine folded in) and applies them to every
-// head of q and then k at that position, four heads in flight at a time: cos/sin are read once
-// per launch, and each head costs two 16-byte loads and two 16-byte stores per thread. Features
+// holding VEC/2 pairs), VEC = 16 bytes of T. It loads that unit's cosines and sines once, held
+// as stored (packed 16-bit words for 16-bit tables), and applies them to every head of q and
+// then k at that position, kUnroll heads' loads in flight at a time: cos/sin are read once per
+// launch, and each head costs two 16-byte loads and two 16-byte stores per thread. Features
 // past R are copied by the same threads when the output is a new tensor.
 //
 // A block is (units, positions, head lanes): the positions per block shrink and the head
@@ -50,30 +50,15 @@ struct Args {
   bool copy_rest;  // write the features past R (not in place)
 };
 
-// N elements of T as they are stored (converted where they are used, so that the heads in
-// flight hold 16 bytes of registers each, not N floats): one vector load, or N scalar loads.
+// N elements of T (q, k or a table) as they are stored, held packed (cuda_utils.cuh: load_held)
+// and converted where they are used: the heads in flight cost 16 bytes of registers each, and
+// a thread issues all its loads before it waits on one. One vector load, or N scalar loads.
 template <bool kVector, int N, typename T>
-__device__ __forceinline__ Vec<T, N> load_raw(const T* p) {
+__device__ __forceinline__ Held<T, N> load_raw(const T* p) {
   if constexpr (kVector) {
-    return load_vec<T, N>(p);
+    return load_held<T, N>(p);
   } else {
-    Vec<T, N> v;
-#pragma unroll
-    for (int e = 0; e < N; ++e) v.v[e] = p[e];
-    return v;
-  }
-}
-
-// The same for the tables (type C), converted to A (C is T or, under a 16-bit T, float).
-template <bool kVector, int N, typename C, typename A>
-__device__ __forceinline__ void load_table(const C* __restrict__ p, A (&out)[N]) {
-  if constexpr (kVector) {
-    const Vec<C, N> v = load_vec<C, N>(p);
-#pragma unroll
-    for (int e = 0; e < N; ++e) out[e] = A(to_acc(v.v[e]));
-  } else {
-#pragma unroll
-    for (int e = 0; e < N; ++e) out[e] = A(to_acc(p[e]));
+    return load_held_partial<T, N>(p, N);
   }
 }
 
@@ -85,6 +70,18 @@ __device__ __forceinline__ void store_acc_vals(T* p, const acc_t<T> (&vals)[N]) 
 #pragma unroll
     for (int e = 0; e < N; ++e) p[e] = from_acc<T>(vals[e]);
   }
+}
+
+// Hides held values from the optimiser for one use: without it the tables' conversions to
+// float are hoisted out of the loop over heads, and the converted copies (4 x VEC floats) cost
+// the registers that keep more threads resident.
+template <typename T, int N>
+__device__ __forceinline__ Held<T, N> opaque(Held<T, N> h) {
+  if constexpr (std::is_same_v<Held<T, N>, Packed<T, N>>) {
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) asm volatile("" : "+r"(h.w[k]));
+  }
+  return h;
 }
 
 template <typename A>
@@ -135,41 +132,33 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Args<T, C> a) {
   const int64_t half = a.R / 2;
   const int64_t units = kInterleaved ? a.R / VEC : half / VEC;
 
+  // The rotation of a pair (x0, x1) of features with cosines (c0, c1) and sines (n0, n1):
+  // forward y0 = x0 c0 - x1 n0, y1 = x1 c1 + x0 n1; the backward (the transpose) swaps which
+  // sine goes with which sign: y0 = x0 c0 + x1 n1, y1 = x1 c1 - x0 n0.
+  const A sign = a.backward ? A(1) : A(-1);
   for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
-    // ja: this unit's elements; rotate-half partners sit at jb = ja + R/2.
+    // ja: this unit's elements; rotate-half partners sit at jb = ja + R/2 (interleaved: the
+    // pairs are adjacent, (ja + e, ja + e + 1)).
     const int64_t ja = u * VEC;
-    A ca[VEC], sa[VEC];  // cosines and signed sines of ja..
-    [[maybe_unused]] A cb[VEC], sb[VEC];  // of jb.. (rotate-half)
-    if constexpr (kInterleaved) {
-      A n[VEC];
-      load_table<kVector, VEC>(crow + ja, ca);
-      load_table<kVector, VEC>(srow + ja, n);
-#pragma unroll
-      for (int e = 0; e < VEC; e += 2) {  // pair (e, e + 1): y_e = x_e c_e + x_{e+1} sa_e
-        sa[e] = a.backward ? n[e + 1] : -n[e];
-        sa[e + 1] = a.backward ? -n[e] : n[e + 1];
-      }
-    } else {
-      A na[VEC], nb[VEC];
-      load_table<kVector, VEC>(crow + ja, ca);
-      load_table<kVector, VEC>(crow + ja + half, cb);
-      load_table<kVector, VEC>(srow + ja, na);
-      load_table<kVector, VEC>(srow + ja + half, nb);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        sa[e] = a.backward ? nb[e] : -na[e];
-        sb[e] = a.backward ? -na[e] : nb[e];
-      }
+    const int64_t jb = kInterleaved ? ja : ja + half;
+    Held<C, VEC> ca_ = load_raw<kVector, VEC>(crow + ja);
+    const Held<C, VEC> na_ = load_raw<kVector, VEC>(srow + ja);
+    [[maybe_unused]] Held<C, VEC> cb_, nb_;
+    if constexpr (!kInterleaved) {
+      cb_ = load_raw<kVector, VEC>(crow + jb);
+      nb_ = load_raw<kVector, VEC>(srow + jb);
     }
-    if (!valid) {
+    if (!valid) {  // an invalid position's rotated features come out NaN
+      acc_t<C> nan[VEC];
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) ca[e] = cb[e] = quiet_nan<A>();
+      for (int e = 0; e < VEC; ++e) nan[e] = quiet_nan<acc_t<C>>();
+      ca_ = cb_ = round_held<C, VEC>(nan);
     }
     for (int h0 = threadIdx.z; h0 < H; h0 += kUnroll * blockDim.z) {
       // Every load of the group is issued before any store: in place, a store may alias a
       // later head's load only through the compiler's eyes, never in fact.
-      Vec<T, VEC> xa[kUnroll];
-      [[maybe_unused]] Vec<T, VEC> xb[kUnroll];
+      Held<T, VEC> xa[kUnroll];
+      [[maybe_unused]] Held<T, VEC> xb[kUnroll];
       T* dst[kUnroll];
 #pragma unroll
       for (int i = 0; i < kUnroll; ++i) {
@@ -179,31 +168,36 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Args<T, C> a) {
           const T* x;
           row_pointers(a, b, s, head, x, dst[i]);
           xa[i] = load_raw<kVector, VEC>(x + ja);
-          if constexpr (!kInterleaved) xb[i] = load_raw<kVector, VEC>(x + ja + half);
+          if constexpr (!kInterleaved) xb[i] = load_raw<kVector, VEC>(x + jb);
         }
       }
 #pragma unroll
       for (int i = 0; i < kUnroll; ++i) {
         if (dst[i] == nullptr) continue;
+        const Held<C, VEC> ca = opaque<C, VEC>(ca_), na = opaque<C, VEC>(na_);
+        [[maybe_unused]] Held<C, VEC> cb, nb;
+        if constexpr (!kInterleaved) cb = opaque<C, VEC>(cb_), nb = opaque<C, VEC>(nb_);
         A ya[VEC];
         if constexpr (kInterleaved) {
 #pragma unroll
           for (int e = 0; e < VEC; e += 2) {
-            const A x0 = to_acc(xa[i].v[e]), x1 = to_acc(xa[i].v[e + 1]);
-            ya[e] = x0 * ca[e] + x1 * sa[e];
-            ya[e + 1] = x1 * ca[e + 1] + x0 * sa[e + 1];
+            const A x0 = acc_at(xa[i], e), x1 = acc_at(xa[i], e + 1);
+            const A n0 = acc_at(na, e), n1 = acc_at(na, e + 1);
+            ya[e] = x0 * A(acc_at(ca, e)) + x1 * (a.backward ? n1 : -n0);
+            ya[e + 1] = x1 * A(acc_at(ca, e + 1)) + x0 * (a.backward ? -n0 : n1);
           }
           store_acc_vals<kVector, VEC>(dst[i] + ja, ya);
         } else {
           A yb[VEC];
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
-            const A x0 = to_acc(xa[i].v[e]), x1 = to_acc(xb[i].v[e]);
-            ya[e] = x0 * ca[e] + x1 * sa[e];
-            yb[e] = x1 * cb[e] + x0 * sb[e];
+            const A x0 = acc_at(xa[i], e), x1 = acc_at(xb[i], e);
+            const A n0 = acc_at(na, e), n1 = acc_at(nb, e);
+            ya[e] = x0 * A(acc_at(ca, e)) + sign * x1 * (a.backward ? n1 : n0);
+            yb[e] = x1 * A(acc_at(cb, e)) - sign * x0 * (a.backward ? n0 : n1);
           }
           store_acc_vals<kVector, VEC>(dst[i] + ja, ya);
-          store_acc_vals<kVector, VEC>(dst[i] + ja + half, yb);
+          store_acc_vals<kVector, VEC>(dst[i] + jb, yb);
         }
       }
     }

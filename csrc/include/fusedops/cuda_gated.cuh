@@ -6,13 +6,15 @@
 // Layout: each row is cut into vectors of VEC elements, VEC * sizeof(T) = 16 bytes where every
 // operand's base, row strides and (packed) half offset allow it, else the widest access they
 // all allow (8, 4, 2 bytes: a packed gate_up whose n * sizeof(T) is not a multiple of 16). A
-// row's last vector may be partial; it is read and written element by element. A block of
-// kThreads threads owns a tile of up to kThreads * U vectors: part of one row (wide rows, cut
-// into tiles of that many vectors) or several whole rows (narrow rows). Each thread issues
-// every load of its vectors (16 elements of each input in the forward, 8 in the backward)
-// before it computes and stores, so an SM keeps some 64-100 KB in flight: more than the H200
-// needs per SM to reach its copy bandwidth. When every operand is contiguous the whole tensor is one row of
-// numel elements (gated.h), split into tiles as any wide row: a plain grid over the tensor.
+// row's last vector may be partial; it is read and written element by element, on a separate
+// path taken only by tiles that hold one. A block of kThreads threads owns a tile of up to
+// kThreads * U vectors: part of one row (wide rows, cut into tiles of that many vectors) or
+// several whole rows (narrow rows). Each thread issues every load of its vectors (16 elements
+// of each input in the forward, 8 in the backward) before it waits on any: they are held packed
+// (cuda_utils.cuh, load_held), since unpacking 16-bit values at the load made each thread wait
+// for one load before issuing the next (2.3-2.7 TB/s instead of 4.1-4.3 on the H200). When every
+// operand is contiguous the whole tensor is one row of numel elements (gated.h), split into
+// tiles as any wide row: a plain grid over the tensor.
 // Offsets are 64-bit throughout.
 //
 // Everything here has internal linkage: each op's translation unit instantiates what it uses.
@@ -33,8 +35,9 @@ using namespace fusedops::cuda;
 
 constexpr int kThreads = 256;
 // Vectors a thread owns: 16 elements in the forward (two inputs), 8 in the backward (three
-// inputs, two outputs), at most four vectors. More (four 16-byte vectors of 16-bit data in the
-// forward takes 97 registers) would halve the resident threads for no more bytes in flight.
+// inputs, two outputs), at most four vectors. With the loads held packed this is 35 (forward)
+// and 32 (backward) registers for 16-bit data: nearly every thread slot of an SM resident, with
+// 64 and 48 bytes a thread in flight, which reaches the H200's copy bandwidth.
 __host__ __device__ constexpr int forward_unroll(int vec) { return vec >= 8 ? 2 : 4; }
 __host__ __device__ constexpr int backward_unroll(int vec) { return vec >= 8 ? 1 : vec >= 4 ? 2 : 4; }
 
@@ -43,9 +46,17 @@ __device__ __forceinline__ double exp_acc(double x) { return exp(x); }
 __device__ __forceinline__ float erf_acc(float x) { return erff(x); }
 __device__ __forceinline__ double erf_acc(double x) { return erf(x); }
 // 1 / (1 + e^-x); e^-x = inf (x < -88) gives 0, as it should.
-__device__ __forceinline__ float sigmoid(float x) { return __frcp_rn(1.0f + __expf(-x)); }
+// The hardware reciprocal (about 1 ulp, like __expf): the correctly rounded one costs a
+// Newton step and a slow-path branch per element. Its argument here is 1 + e^-x >= 1, so
+// flushing subnormals changes nothing, and 1 / inf = 0.
+__device__ __forceinline__ float rcp_fast(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ float sigmoid(float x) { return rcp_fast(1.0f + __expf(-x)); }
 __device__ __forceinline__ double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-__device__ __forceinline__ float rcp_acc(float x) { return __frcp_rn(x); }
+__device__ __forceinline__ float rcp_acc(float x) { return rcp_fast(x); }
 __device__ __forceinline__ double rcp_acc(double x) { return 1.0 / x; }
 // s = sigmoid(x) and c = 1 - s, each with a small relative error: for x >= 0, 1 - s would
 // cancel (it is e^-x s); for x < 0, e^-x may be inf while 1 - s is exact enough.
@@ -112,19 +123,19 @@ struct Args {
   int64_t tiles_per_row;
 };
 
-// Loads the vector at column `col` of a row (partial at the row's end: the missing elements 0).
-template <typename T, int VEC>
-__device__ __forceinline__ Vec<T, VEC> load_at(const T* row, int64_t col, int64_t n) {
-  if (col + VEC <= n) return load_vec<T, VEC>(row + col);
-  Vec<T, VEC> v;
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) v.v[k] = col + k < n ? row[col + k] : T(0.0f);
-  return v;
+// The vector at column `col` of a row, held packed (cuda_utils.cuh: load_held). kFull: the
+// caller knows the vector lies inside the row, so the load is one unconditional vector access
+// and a thread issues all its loads before waiting on any; else a row's last vector may be
+// partial (its missing elements read as 0).
+template <typename T, int VEC, bool kFull>
+__device__ __forceinline__ Held<T, VEC> load_at(const T* row, int64_t col, int64_t n) {
+  if (kFull || col + VEC <= n) return load_held<T, VEC>(row + col);
+  return load_held_partial<T, VEC>(row + col, int(n - col));
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, bool kFull>
 __device__ __forceinline__ void store_at(T* row, int64_t col, int64_t n, const acc_t<T> (&vals)[VEC]) {
-  if (col + VEC <= n) {
+  if (kFull || col + VEC <= n) {
     store_from_acc<T, VEC>(row + col, vals);
   } else {
 #pragma unroll
@@ -201,17 +212,23 @@ struct Slots {
   }
 };
 
-template <Act kAct, typename T, int VEC, bool kWide>
-__global__ void __launch_bounds__(kThreads) forward_kernel(Args<T> a) {
+// Whether every vector of the tile lies inside its row (none partial): then the tile takes the
+// path whose loads are unconditional. Uniform over the block.
+template <bool kWide, int VEC, typename T>
+__device__ __forceinline__ bool tile_is_full(const Args<T>& a, const Tile& t) {
+  return kWide ? (t.c0 + t.width) * VEC <= a.n : a.n % VEC == 0;
+}
+
+template <Act kAct, typename T, int VEC, bool kWide, bool kFull>
+__device__ __forceinline__ void forward_tile(const Args<T>& a, const Slots<kWide, forward_unroll(VEC), VEC, T>& s) {
   using A = acc_t<T>;
   constexpr int U = forward_unroll(VEC);
-  const Slots<kWide, U, VEC, T> s(a, Tile::of<kWide, int64_t(kThreads) * U>(a), false);
-  Vec<T, VEC> gv[U], uv[U];
+  Held<T, VEC> gv[U], uv[U];
 #pragma unroll
   for (int i = 0; i < U; ++i) {
     if (s.live[i]) {
-      gv[i] = load_at<T, VEC>(a.g.p + s.g[i], s.col[i], a.n);
-      uv[i] = load_at<T, VEC>(a.u.p + s.u[i], s.col[i], a.n);
+      gv[i] = load_at<T, VEC, kFull>(a.g.p + s.g[i], s.col[i], a.n);
+      uv[i] = load_at<T, VEC, kFull>(a.u.p + s.u[i], s.col[i], a.n);
     }
   }
 #pragma unroll
@@ -219,23 +236,31 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Args<T> a) {
     if (!s.live[i]) continue;
     A y[VEC];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) y[k] = activation<kAct>(A(to_acc(gv[i].v[k]))) * A(to_acc(uv[i].v[k]));
-    store_at<T, VEC>(a.out0 + s.out[i], s.col[i], a.n, y);
+    for (int k = 0; k < VEC; ++k) y[k] = activation<kAct>(A(acc_at(gv[i], k))) * A(acc_at(uv[i], k));
+    store_at<T, VEC, kFull>(a.out0 + s.out[i], s.col[i], a.n, y);
   }
 }
 
 template <Act kAct, typename T, int VEC, bool kWide>
-__global__ void __launch_bounds__(kThreads) backward_kernel(Args<T> a) {
+__global__ void __launch_bounds__(kThreads) forward_kernel(Args<T> a) {
+  constexpr int U = forward_unroll(VEC);
+  const Tile t = Tile::of<kWide, int64_t(kThreads) * U>(a);
+  const Slots<kWide, U, VEC, T> s(a, t, false);
+  if (tile_is_full<kWide, VEC>(a, t)) forward_tile<kAct, T, VEC, kWide, true>(a, s);
+  else forward_tile<kAct, T, VEC, kWide, false>(a, s);
+}
+
+template <Act kAct, typename T, int VEC, bool kWide, bool kFull>
+__device__ __forceinline__ void backward_tile(const Args<T>& a, const Slots<kWide, backward_unroll(VEC), VEC, T>& s) {
   using A = acc_t<T>;
   constexpr int U = backward_unroll(VEC);
-  const Slots<kWide, U, VEC, T> s(a, Tile::of<kWide, int64_t(kThreads) * U>(a), true);
-  Vec<T, VEC> dv[U], gv[U], uv[U];
+  Held<T, VEC> dv[U], gv[U], uv[U];
 #pragma unroll
   for (int i = 0; i < U; ++i) {
     if (s.live[i]) {
-      dv[i] = load_at<T, VEC>(a.dy.p + s.dy[i], s.col[i], a.n);
-      gv[i] = load_at<T, VEC>(a.g.p + s.g[i], s.col[i], a.n);
-      uv[i] = load_at<T, VEC>(a.u.p + s.u[i], s.col[i], a.n);
+      dv[i] = load_at<T, VEC, kFull>(a.dy.p + s.dy[i], s.col[i], a.n);
+      gv[i] = load_at<T, VEC, kFull>(a.g.p + s.g[i], s.col[i], a.n);
+      uv[i] = load_at<T, VEC, kFull>(a.u.p + s.u[i], s.col[i], a.n);
     }
   }
 #pragma unroll
@@ -245,14 +270,23 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(Args<T> a) {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       A act, dact;
-      activation_grad<kAct>(A(to_acc(gv[i].v[k])), act, dact);
-      const A d = to_acc(dv[i].v[k]);
-      dg[k] = d * A(to_acc(uv[i].v[k])) * dact;
+      activation_grad<kAct>(A(acc_at(gv[i], k)), act, dact);
+      const A d = acc_at(dv[i], k);
+      dg[k] = d * A(acc_at(uv[i], k)) * dact;
       du[k] = d * act;
     }
-    store_at<T, VEC>(a.out0 + s.out[i], s.col[i], a.n, dg);
-    store_at<T, VEC>(a.out1 + s.out[i], s.col[i], a.n, du);
+    store_at<T, VEC, kFull>(a.out0 + s.out[i], s.col[i], a.n, dg);
+    store_at<T, VEC, kFull>(a.out1 + s.out[i], s.col[i], a.n, du);
   }
+}
+
+template <Act kAct, typename T, int VEC, bool kWide>
+__global__ void __launch_bounds__(kThreads) backward_kernel(Args<T> a) {
+  constexpr int U = backward_unroll(VEC);
+  const Tile t = Tile::of<kWide, int64_t(kThreads) * U>(a);
+  const Slots<kWide, U, VEC, T> s(a, t, true);
+  if (tile_is_full<kWide, VEC>(a, t)) backward_tile<kAct, T, VEC, kWide, true>(a, s);
+  else backward_tile<kAct, T, VEC, kWide, false>(a, s);
 }
 
 // ---- host side ---------------------------------------------------------------------------------

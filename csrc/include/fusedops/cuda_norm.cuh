@@ -148,23 +148,35 @@ struct ResidualRows<true> {
 };
 
 // add_rms_norm's row values: x + r rounded to R.
-template <typename C, int VEC>
-__device__ __forceinline__ Held<typename C::R, VEC> add_rounded(const Vec<typename C::T, VEC>& xv,
-                                                                const Vec<typename C::R, VEC>& rv) {
+template <typename C, int VEC, typename XV, typename RV>
+__device__ __forceinline__ Held<typename C::R, VEC> add_rounded(const XV& xv, const RV& rv) {
   typename C::A s[VEC];
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) s[k] = to_acc(xv.v[k]) + to_acc(rv.v[k]);
+  for (int k = 0; k < VEC; ++k) s[k] = acc_at(xv, k) + acc_at(rv, k);
   return round_held<typename C::R, VEC>(s);
 }
+
+// The weight and bias values at `col` (those absent: unused), held packed until used so that a
+// kernel may load them early, beside its row, and not wait on them after its reductions.
+template <typename C, int VEC>
+struct Params {
+  Held<typename C::W, VEC> w, b;
+
+  __device__ __forceinline__ static Params load(const ForwardArgs<C>& a, int64_t col) {
+    Params p;
+    if (a.w != nullptr) p.w = load_held<typename C::W, VEC>(a.w + col);
+    if (a.b != nullptr) p.b = load_held<typename C::W, VEC>(a.b + col);
+    return p;
+  }
+};
 
 // Normalises VEC values of a row (the cached x, or add_rms_norm's h) and stores them:
 // (x - mu) * rs * w + b for layer_norm; x * rs (rounded to T with cast_before_weight) *
 // (offset + w) for the uncentred norms.
 template <typename C, int VEC, typename V>
 __device__ __forceinline__ void normalize_store(const ForwardArgs<C>& a, typename C::T* out, const V& xv, int64_t col,
-                                                typename C::A mu, typename C::A rs) {
+                                                typename C::A mu, typename C::A rs, const Params<C, VEC>& p) {
   using T = typename C::T;
-  using W = typename C::W;
   using A = typename C::A;
   A y[VEC];
 #pragma unroll
@@ -176,16 +188,20 @@ __device__ __forceinline__ void normalize_store(const ForwardArgs<C>& a, typenam
     }
   }
   if (a.w != nullptr) {
-    const Vec<W, VEC> wv = load_vec_ldg<W, VEC>(a.w + col);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) y[k] *= weight_scale<C>(A(to_acc(wv.v[k])), a.offset);
+    for (int k = 0; k < VEC; ++k) y[k] *= weight_scale<C>(A(acc_at(p.w, k)), a.offset);
   }
   if (a.b != nullptr) {
-    const Vec<W, VEC> bv = load_vec_ldg<W, VEC>(a.b + col);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) y[k] += A(to_acc(bv.v[k]));
+    for (int k = 0; k < VEC; ++k) y[k] += A(acc_at(p.b, k));
   }
   store_from_acc<T, VEC>(out + col, y);
+}
+
+template <typename C, int VEC, typename V>
+__device__ __forceinline__ void normalize_store(const ForwardArgs<C>& a, typename C::T* out, const V& xv, int64_t col,
+                                                typename C::A mu, typename C::A rs) {
+  normalize_store<C, VEC>(a, out, xv, col, mu, rs, Params<C, VEC>::load(a, col));
 }
 
 template <typename A, int VEC, typename V>
@@ -213,18 +229,19 @@ __global__ void __launch_bounds__(kBlock)
   const bool active = row < num_rows;
   const T* xr = a.x + (active ? rows.offset(row) : 0);
   // The cached row: x, or add_rms_norm's x + r rounded to R (once written to residual_out).
-  std::conditional_t<C::add, Held<R, VEC>, Vec<T, VEC>> xv[VPT];
+  // Held packed (cuda_utils.cuh: load_held), so that every load is issued before the first wait.
+  Held<std::conditional_t<C::add, R, T>, VEC> xv[VPT];
   if constexpr (C::add) {
     const R* rr = a.r + (active ? res_rows.r.offset(row) : 0);
     R* hr = a.h + (active ? res_rows.h.offset(row) : 0);
-    Vec<T, VEC> xin[VPT];
-    Vec<R, VEC> rin[VPT];
+    Held<T, VEC> xin[VPT];
+    Held<R, VEC> rin[VPT];
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
       if (active && col < n) {
-        xin[i] = load_vec<T, VEC>(xr + col);
-        rin[i] = load_vec<R, VEC>(rr + col);
+        xin[i] = load_held<T, VEC>(xr + col);
+        rin[i] = load_held<R, VEC>(rr + col);
       }
     }
     // Every load is issued before the first store: in place, hr is rr.
@@ -232,7 +249,7 @@ __global__ void __launch_bounds__(kBlock)
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
       if (active && col < n) {
-        xv[i] = add_rounded<C>(xin[i], rin[i]);
+        xv[i] = add_rounded<C, VEC>(xin[i], rin[i]);
         store_held<R, VEC>(hr + col, xv[i]);
       }
     }
@@ -240,8 +257,15 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (active && col < n) xv[i] = load_vec<T, VEC>(xr + col);
+      if (active && col < n) xv[i] = load_held<T, VEC>(xr + col);
     }
+  }
+  // The parameters are loaded now, so that their latency hides behind the reductions.
+  Params<C, VEC> params[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int col = (i * TPR + lane) * VEC;
+    if (active && col < n) params[i] = Params<C, VEC>::load(a, col);
   }
   A mu = 0;
   if constexpr (C::centered) {
@@ -265,7 +289,7 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int col = (i * TPR + lane) * VEC;
-    if (col < n) normalize_store<C, VEC>(a, yr, xv[i], col, mu, rs);
+    if (col < n) normalize_store<C, VEC>(a, yr, xv[i], col, mu, rs, params[i]);
   }
 }
 
@@ -307,7 +331,7 @@ __global__ void __launch_bounds__(kSweepThreads)
   if (active) {
     for (int64_t col = threadIdx.x * VEC; col < n; col += step) {
       if constexpr (C::add) {
-        const Held<R, VEC> hv = add_rounded<C>(load_vec<T, VEC>(xr + col), load_vec<R, VEC>(rr + col));
+        const Held<R, VEC> hv = add_rounded<C, VEC>(load_vec<T, VEC>(xr + col), load_vec<R, VEC>(rr + col));
         store_held<R, VEC>(hr + col, hv);
         ss += vec_sum<A, VEC>(hv, mu, true);
       } else {
@@ -464,7 +488,7 @@ __global__ void __launch_bounds__(kClusterThreads)
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (column(i) < n) {
-        xv[i] = add_rounded<C>(xin[i], rin[i]);
+        xv[i] = add_rounded<C, VEC>(xin[i], rin[i]);
         store_held<R, VEC>(hr + column(i), xv[i]);
       }
     }

@@ -151,6 +151,47 @@ __device__ __forceinline__ float acc_at(const Packed<T, N>& v, int k) {
   return bits_to_acc<T>(k % 2 == 0 ? v.w[k / 2] & 0xffffu : v.w[k / 2] >> 16);
 }
 
+// Loads N values of T into the registers they are held in (Packed words for 16-bit T): the
+// words stay packed until they are used, so a thread can issue all its loads before it waits on
+// the first (a Vec of 16-bit values is split per element at the load, which waits for it).
+template <typename T, int N>
+__device__ __forceinline__ Held<T, N> load_held(const T* p) {
+  if constexpr (std::is_same_v<Held<T, N>, Packed<T, N>>) {
+    Packed<T, N> h;
+    if constexpr (N == 8) {
+      const uint4 u = *reinterpret_cast<const uint4*>(p);
+      h.w[0] = u.x, h.w[1] = u.y, h.w[2] = u.z, h.w[3] = u.w;
+    } else if constexpr (N == 4) {
+      const uint2 u = *reinterpret_cast<const uint2*>(p);
+      h.w[0] = u.x, h.w[1] = u.y;
+    } else {
+#pragma unroll
+      for (int k = 0; k < N / 2; ++k) h.w[k] = reinterpret_cast<const uint32_t*>(p)[k];
+    }
+    return h;
+  } else {
+    return load_vec<T, N>(p);
+  }
+}
+
+// The first `count` (< N) of N values, the rest zero: a row's partial last vector.
+template <typename T, int N>
+__device__ __forceinline__ Held<T, N> load_held_partial(const T* p, int count) {
+  Held<T, N> h;
+  if constexpr (std::is_same_v<Held<T, N>, Packed<T, N>>) {
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      const uint32_t lo = 2 * k < count ? to_bits(p[2 * k]) : 0u;
+      const uint32_t hi = 2 * k + 1 < count ? to_bits(p[2 * k + 1]) : 0u;
+      h.w[k] = lo | (hi << 16);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) h.v[k] = k < count ? p[k] : T(0.0f);
+  }
+  return h;
+}
+
 // Rounds N accumulator values to T.
 template <typename T, int N>
 __device__ __forceinline__ Held<T, N> round_held(const acc_t<T> (&vals)[N]) {
