@@ -11,12 +11,14 @@
 //
 // A block is (units, positions, head lanes): the positions per block shrink and the head
 // lanes grow until the grid has two blocks per SM, so decode shapes (a few positions, many
-// heads) still spread over the GPU. Tensors whose strides or base addresses do not allow
+// heads) still spread over the GPU; the grid's second dimension then splits the heads into
+// groups until it is several waves deep. Tensors whose strides or base addresses do not allow
 // 16-byte accesses (or whose R/2 is not a multiple of VEC) take the same kernel with scalar
 // accesses. All offsets are 64-bit.
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "fusedops/cuda_utils.cuh"
@@ -45,6 +47,7 @@ struct Args {
   int64_t pos_b, pos_s, P;
   int64_t n_pos, S;
   int Hq, Hk;
+  int heads_per_block;  // a block's heads; gridDim.y blocks cover q's and k's
   int64_t D, R;
   bool backward;
   bool copy_rest;  // write the features past R (not in place)
@@ -128,7 +131,9 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Args<T, C> a) {
     crow = a.cos + b * a.cos_b + s * a.cos_s;
     srow = a.sin + b * a.sin_b + s * a.sin_s;
   }
-  const int H = a.Hq + a.Hk;
+  // This block's heads (q's, then k's): blockIdx.y picks a group of heads_per_block.
+  const int h_begin = int(blockIdx.y) * a.heads_per_block;
+  const int H = min(a.Hq + a.Hk, h_begin + a.heads_per_block);
   const int64_t half = a.R / 2;
   const int64_t units = kInterleaved ? a.R / VEC : half / VEC;
 
@@ -154,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Args<T, C> a) {
       for (int e = 0; e < VEC; ++e) nan[e] = quiet_nan<acc_t<C>>();
       ca_ = cb_ = round_held<C, VEC>(nan);
     }
-    for (int h0 = threadIdx.z; h0 < H; h0 += kUnroll * blockDim.z) {
+    for (int h0 = h_begin + int(threadIdx.z); h0 < H; h0 += kUnroll * blockDim.z) {
       // Every load of the group is issued before any store: in place, a store may alias a
       // later head's load only through the compiler's eyes, never in fact.
       Held<T, VEC> xa[kUnroll];
@@ -209,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const Args<T, C> a) {
     const int64_t chunks = (a.D - a.R) / kRest;
     for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
       const int64_t j = a.R + c * kRest;
-      for (int h0 = threadIdx.z; h0 < H; h0 += kUnroll * blockDim.z) {
+      for (int h0 = h_begin + int(threadIdx.z); h0 < H; h0 += kUnroll * blockDim.z) {
         Vec<T, kRest> v[kUnroll];
         T* dst[kUnroll];
 #pragma unroll
@@ -303,9 +308,18 @@ void run_typed(const Problem& p, const Outputs& o, const char* op) {
   pb = int(std::min<int64_t>(pb, n_pos));
   const int64_t blocks = (n_pos + pb - 1) / pb;
   FUSEDOPS_CHECK(blocks < (int64_t(1) << 31), op, ": too many positions (", n_pos, ")");
+  // Heads are split among blocks until the grid is some eight waves deep: a grid of a few
+  // long-lived blocks per SM idles much of the GPU in its last wave (LLaMA-3-8B's 32768
+  // positions make 1024 blocks, 2.6 waves, without the split). A block keeps at least two
+  // rounds of kUnroll heads per lane, over which its cos/sin loads are amortised.
+  const int64_t want = 8 * 4 * sms;
+  const int64_t max_groups = std::max<int64_t>(1, H / (2 * kUnroll * hs));
+  const int64_t groups0 = std::clamp<int64_t>((want + blocks - 1) / blocks, 1, max_groups);
+  a.heads_per_block = int((H + groups0 - 1) / groups0);
+  const int64_t groups = (H + a.heads_per_block - 1) / a.heads_per_block;
   const dim3 block(g, pb, hs);
   const cudaStream_t stream = current_stream(p.device_index);
-  auto launch = [&](auto kernel) { kernel<<<unsigned(blocks), block, 0, stream>>>(a); };
+  auto launch = [&](auto kernel) { kernel<<<dim3(unsigned(blocks), unsigned(groups)), block, 0, stream>>>(a); };
   if (vector) {
     if (p.interleaved)
       launch(rope_kernel<DT, DC, kVec, true, true>);

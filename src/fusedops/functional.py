@@ -273,7 +273,8 @@ def _rope_back(t, layout):
         return t
     if layout == "bshd":
         return t.transpose(1, 2)
-    return t.transpose(1, 2)[0]
+    # squeeze, not [0]: indexing's backward would allocate and fill a zeroed copy of the gradient.
+    return t.transpose(1, 2).squeeze(0)
 
 
 def _rope_eager_checks(op, q, k, cos, sin, position_ids, check_forward):

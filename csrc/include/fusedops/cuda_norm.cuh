@@ -556,8 +556,8 @@ struct GradResidualRows<true> {
 // The row sums the backward needs from VEC values: sum(g * (x - mu)) and, with K = 2 (centred),
 // sum(g); g = dy * scale(w). From the output the weight is left out: sum(dy * y), which is
 // sum(g * xhat).
-template <typename C, int VEC, int K, typename V>
-__device__ __forceinline__ void add_row_sums(typename C::A (&sums)[K], const V& xv, const Vec<typename C::T, VEC>& gv,
+template <typename C, int VEC, int K, typename V, typename G>
+__device__ __forceinline__ void add_row_sums(typename C::A (&sums)[K], const V& xv, const G& gv,
                                              const typename C::W* w, int64_t col, typename C::A mu,
                                              typename C::A offset) {
   using A = typename C::A;
@@ -566,7 +566,7 @@ __device__ __forceinline__ void add_row_sums(typename C::A (&sums)[K], const V& 
   if (w != nullptr) wv = load_vec_ldg<typename C::W, VEC>(w + col);
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
-    const A g = w != nullptr ? to_acc(gv.v[k]) * weight_scale<C>(A(to_acc(wv.v[k])), offset) : to_acc(gv.v[k]);
+    const A g = w != nullptr ? acc_at(gv, k) * weight_scale<C>(A(to_acc(wv.v[k])), offset) : acc_at(gv, k);
     sums[0] += g * (acc_at(xv, k) - mu);
     if constexpr (K > 1) sums[1] += g;
   }
@@ -589,7 +589,7 @@ struct RowGrad {
 template <typename C, int K>
 __device__ __forceinline__ RowGrad<C> row_grad(const BackwardArgs<C>& a, const GradResidualRows<C::add>& dh_rows,
                                                int64_t row, int64_t n, const typename C::A (&sums)[K],
-                                               typename C::A mu, typename C::A inv_n) {
+                                               typename C::A mu, typename C::A rs, typename C::A inv_n) {
   using A = typename C::A;
   RowGrad<C> g;
   g.dx = a.dx + row * n;
@@ -600,7 +600,7 @@ __device__ __forceinline__ RowGrad<C> row_grad(const BackwardArgs<C>& a, const G
     if (a.dh != nullptr) g.dh = a.dh + dh_rows.dh.offset(row);
   }
   g.mu = mu;
-  g.rs = a.rstd[row];
+  g.rs = rs;
   g.xs = C::from_output ? A(1) : g.rs;  // sum(g * xhat) = sum(dy * y), or rs * sum(g * (x - mu))
   g.c1 = sums[0] * inv_n * g.xs * g.xs;
   g.c0 = C::centered ? sums[K - 1] * inv_n : A(0);
@@ -611,8 +611,8 @@ __device__ __forceinline__ RowGrad<C> row_grad(const BackwardArgs<C>& a, const G
 // dy * xhat into dwp and, for layer_norm, dy into dbp. The partials are always accumulated (a
 // few FMAs) rather than behind a runtime pointer test, which would push the register arrays
 // they live in to local memory.
-template <typename C, int VEC, typename V>
-__device__ __forceinline__ void grad_input_store(const RowGrad<C>& r, const V& xv, const Vec<typename C::T, VEC>& gv,
+template <typename C, int VEC, typename V, typename G>
+__device__ __forceinline__ void grad_input_store(const RowGrad<C>& r, const V& xv, const G& gv,
                                                  const typename C::W* w, int64_t col, typename C::A offset,
                                                  typename C::A (&dwp)[VEC], typename C::A (&dbp)[VEC]) {
   using T = typename C::T;
@@ -627,7 +627,7 @@ __device__ __forceinline__ void grad_input_store(const RowGrad<C>& r, const V& x
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
     A xq = acc_at(xv, k) - r.mu;
-    const A dyk = to_acc(gv.v[k]);
+    const A dyk = acc_at(gv, k);
     const A g = w != nullptr ? dyk * weight_scale<C>(A(to_acc(wv.v[k])), offset) : dyk;
     if constexpr (C::from_output)
       if (w != nullptr) xq *= rcp_acc(weight_scale<C>(A(to_acc(wv.v[k])), offset));
@@ -708,17 +708,19 @@ __global__ void __launch_bounds__(kBlock, VPT <= backward_target<C>() ? 2 : 1)
     const bool active = row < num_rows;
     const R* xr = a.x + (active ? x_rows.offset(row) : 0);
     const T* gr = a.dy + (active ? dy_rows.offset(row) : 0);
-    Vec<R, VEC> xv[VPT];
-    Vec<T, VEC> gv[VPT];
+    // Held packed, so that every load of the row is issued before the first wait.
+    Held<R, VEC> xv[VPT];
+    Held<T, VEC> gv[VPT];
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
       if (active && col < n) {
-        xv[i] = load_vec<R, VEC>(xr + col);
-        gv[i] = load_vec<T, VEC>(gr + col);
+        xv[i] = load_held<R, VEC>(xr + col);
+        gv[i] = load_held<T, VEC>(gr + col);
       }
     }
     const A mu = C::centered && active ? a.mean[row] : A(0);
+    const A rs = active ? a.rstd[row] : A(0);  // (loaded now: needed only after the reduction)
     A sums[kSums] = {};
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -728,7 +730,7 @@ __global__ void __launch_bounds__(kBlock, VPT <= backward_target<C>() ? 2 : 1)
     group_sum<TPR>(sums, scratch[parity]);
     parity ^= 1;
     if (!active) continue;
-    const RowGrad<C> rg = row_grad<C>(a, dh_rows, row, n, sums, mu, inv_n);
+    const RowGrad<C> rg = row_grad<C>(a, dh_rows, row, n, sums, mu, rs, inv_n);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
@@ -792,7 +794,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
       if (column(i) < n) add_row_sums<C, VEC>(sums, xv[i], gv[i], a.w, column(i), mu, a.offset);
     cluster_sum(sums, warps, slots[parity], totals);
     parity ^= 1;
-    const RowGrad<C> rg = row_grad<C>(a, dh_rows, row, n, sums, mu, inv_n);
+    const RowGrad<C> rg = row_grad<C>(a, dh_rows, row, n, sums, mu, a.rstd[row], inv_n);
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
       if (column(i) < n)
@@ -844,7 +846,7 @@ __global__ void __launch_bounds__(kSweepThreads)
     sums[0] = row_sum(sums[0], scratch);
     if constexpr (C::centered) sums[1] = row_sum(sums[1], scratch);
     if (!active) continue;
-    const RowGrad<C> rg = row_grad<C>(a, dh_rows, row, n, sums, mu, inv_n);
+    const RowGrad<C> rg = row_grad<C>(a, dh_rows, row, n, sums, mu, a.rstd[row], inv_n);
     for (int64_t col = threadIdx.x * VEC; col < n; col += step) {
       A dwp[VEC] = {}, dbp[VEC] = {};
       grad_input_store<C, VEC>(rg, load_vec<R, VEC>(xr + col), load_vec<T, VEC>(gr + col), a.w, col, a.offset, dwp,

@@ -164,9 +164,13 @@ def check_backward(grad_q_out, grad_k_out, cos, sin, position_ids):
 def positions_message(op, position_ids, rows):
     """The error for the first position outside [0, rows), or None (reads the values: syncs on
     a GPU)."""
-    bad = (position_ids < 0) | (position_ids >= rows)
-    if not bool(bad.any()):
+    if position_ids.numel() == 0:
         return None
+    # One reduction and one read back (the sync) on the common, valid path.
+    low, high = torch.stack(torch.aminmax(position_ids)).tolist()
+    if low >= 0 and high < rows:
+        return None
+    bad = (position_ids < 0) | (position_ids >= rows)
     index = [int(i) for i in bad.nonzero()[0]]
     value = int(position_ids[tuple(index)])
     where = ", ".join(str(i) for i in index)
