@@ -67,7 +67,7 @@ struct Args {
   int64_t ignore_index;
   int V;
   bool mean, softcap, weighted, smoothing;
-  A eps, z, cap;
+  A eps, z, cap, inv_cap, inv_v;  // (reciprocals from the host: no division in the kernels)
 };
 
 template <typename A>
@@ -106,9 +106,9 @@ template <typename A>
 __device__ __forceinline__ A capped(A v, const Args<A>& a) {
   if (a.softcap) {
     if constexpr (sizeof(A) == 8)
-      return a.cap * tanh(v / a.cap);
+      return a.cap * tanh(v * a.inv_cap);
     else
-      return a.cap * tanhf(v / a.cap);
+      return a.cap * tanhf(v * a.inv_cap);
   }
   return v;
 }
@@ -191,10 +191,11 @@ __device__ __forceinline__ RowCoefs<T, A> finish_row(const Args<A>& a, int64_t r
   RowCoefs<T, A> c;
   c.lse = m + a_log(s);
   const A wt = valid ? (a.weighted ? weight_at<T>(a, t) : A(1)) : nan_of<A>();
-  const A sw = a.mean ? A(1) / a.stats[0] : A(1);
-  const A sn = a.mean ? A(1) / a.stats[1] : A(1);
+  // (the hardware reciprocal: an IEEE division's slow-path call costs registers and spills)
+  const A sw = a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[0]) : A(1);
+  const A sn = a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[1]) : A(1);
   const A W = a.weighted ? a.stats[2] : A(a.V);
-  const A inv_v = A(1) / A(a.V);
+  const A inv_v = a.inv_v;
   if (write) {
     // The target's logit: one more (cached) load; a bad target reads element 0.
     const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
@@ -218,7 +219,7 @@ __device__ __forceinline__ A grad_at(const Args<A>& a, const RowCoefs<T, A>& c, 
   if (a.smoothing) d -= c.cw * (a.weighted ? weight_at<T>(a, j) : A(1));
   if (j == t) d -= c.ct;
   if (a.softcap) {
-    const A u = v / a.cap;
+    const A u = v * a.inv_cap;
     d *= A(1) - u * u;
   }
   return d;
@@ -608,6 +609,8 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
     a.eps = A(p.label_smoothing);
     a.z = A(p.z_loss);
     a.cap = A(p.softcap > 0 ? p.softcap : 1.0);
+    a.inv_cap = A(1.0 / (p.softcap > 0 ? p.softcap : 1.0));
+    a.inv_v = A(1.0 / double(p.V));
     if (o.grad)
       run_rows<DT, true>(a, p, stream, op);
     else
