@@ -3,11 +3,12 @@
 //
 // Targets are validated first (a bad one raises, naming it, before anything is written), and
 // the "mean" denominators summed in row order. Rows then run in parallel on torch's thread
-// pool: the first sweep over a row finds its maximum, the second sums exp(x - max) and the
-// weighted logits, the third (when a gradient is wanted) writes it; a row of the shapes that
-// matter (32000 fp32 values, 128 KiB) stays in L2 between the sweeps, so the logits come from
-// memory once. Each sweep is one simd loop over the row (exp is the branch-free polynomial of
-// cpu_gated.h, so that it vectorises), compiled per instruction set (cpu_isa.h). Per-row losses
+// pool: the first sweep over a row (by chunks held in L1) finds its maximum and sums exp(x -
+// max) (and the weighted logits, for label smoothing), the second (when a gradient is wanted)
+// writes the gradient; a row of the shapes that matter (32000 fp32 values, 128 KiB) stays in L2
+// between the sweeps, so the logits come from memory once. The loops are simd loops (exp is the
+// branch-free polynomial of cpu_gated.h, so that it vectorises), compiled per instruction set
+// (cpu_isa.h). Per-row losses
 // are added in row order afterwards: the result does not depend on the thread count.
 #include <torch/csrc/stable/library.h>
 
@@ -55,29 +56,50 @@ FUSEDOPS_CPU_INLINE A value(T v, A cap) {
   }
 }
 
-// Row statistics: the maximum, sum exp(x - max) and sum w_j x_j (sum x_j without weights).
-template <bool kSoftcap, bool kWeighted, typename T, typename W>
+// Row statistics: the maximum, sum exp(x - max) and (with smoothing) sum w_j x_j. The row is
+// read once, by chunks that go through an L1-resident float buffer (converted and soft-capped
+// once): the chunk's maximum first, the running sum rescaled when it grows, then the exps.
+constexpr int64_t kChunk = 2048;
+
+template <bool kSoftcap, bool kWeighted, bool kSmooth, typename T, typename W>
 FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, acc_t<T>& m_out, acc_t<T>& s_out,
                                          acc_t<T>& wx_out) {
   using A = acc_t<T>;
   const int64_t V = a.V;
-  A m = -std::numeric_limits<A>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < V; ++j) {
-    const A v = value<kSoftcap>(x[j], a.softcap);
-    m = v > m ? v : m;
-  }
-  // A row of -inf (or a NaN) keeps its max: exp(x - m) is then NaN, as torch's is.
-  A s = 0, wx = 0;
-#pragma omp simd reduction(+ : s, wx)
-  for (int64_t j = 0; j < V; ++j) {
-    const A v = value<kSoftcap>(x[j], a.softcap);
-    s += exp_acc(v - m);
-    if constexpr (kWeighted) {
-      wx += A(to_acc(a.weight[j])) * v;
-    } else {
-      wx += v;
+  constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+  alignas(64) A buf[kChunk];
+  A m = kNegInf, s = 0, wx = 0;
+  for (int64_t c0 = 0; c0 < V; c0 += kChunk) {
+    const int64_t n = std::min(kChunk, V - c0);
+    const T* xc = x + c0;
+    A cm = kNegInf;
+#pragma omp simd reduction(max : cm)
+    for (int64_t j = 0; j < n; ++j) {
+      const A v = value<kSoftcap>(xc[j], a.softcap);
+      buf[j] = v;
+      cm = v > cm ? v : cm;  // (a NaN is carried by the sum of exp instead)
     }
+    if (cm > m) {
+      s = m == kNegInf ? A(0) : s * exp_acc(m - cm);
+      m = cm;
+    }
+    A cs = 0, cwx = 0;
+    if (m != kNegInf) {  // (all -inf so far: nothing to add; exp(-inf - -inf) would be NaN)
+#pragma omp simd reduction(+ : cs)
+      for (int64_t j = 0; j < n; ++j) cs += exp_acc(buf[j] - m);
+    }
+    if constexpr (kSmooth) {
+#pragma omp simd reduction(+ : cwx)
+      for (int64_t j = 0; j < n; ++j) {
+        if constexpr (kWeighted) {
+          cwx += A(to_acc(a.weight[c0 + j])) * buf[j];
+        } else {
+          cwx += buf[j];
+        }
+      }
+    }
+    s += cs;
+    wx += cwx;
   }
   m_out = m;
   s_out = s;
@@ -85,7 +107,7 @@ FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, acc_t<
 }
 
 // g_j = (p_j * cp - cw * w_j) * softcap'(x_j); the target's element is corrected by the caller.
-template <bool kSoftcap, bool kWeighted, typename T, typename W>
+template <bool kSoftcap, bool kWeighted, bool kSmooth, typename T, typename W>
 FUSEDOPS_CPU_MULTIVERSION void row_grad(const Args<T, W>& a, const T* x, T* g, acc_t<T> lse, acc_t<T> cp,
                                         acc_t<T> cw) {
   using A = acc_t<T>;
@@ -94,9 +116,9 @@ FUSEDOPS_CPU_MULTIVERSION void row_grad(const Args<T, W>& a, const T* x, T* g, a
   for (int64_t j = 0; j < V; ++j) {
     const A v = value<kSoftcap>(x[j], a.softcap);
     A d = exp_acc(v - lse) * cp;
-    if constexpr (kWeighted) {
+    if constexpr (kSmooth && kWeighted) {
       d -= cw * A(to_acc(a.weight[j]));
-    } else {
+    } else if constexpr (kSmooth) {
       d -= cw;
     }
     if constexpr (kSoftcap) {
@@ -169,7 +191,7 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
   A* lse_out = o.lse.mutable_data_ptr<A>();
   std::vector<A> row_loss(p.reduction == Reduction::kNone ? 0 : p.R);
   A* loss_rows = p.reduction == Reduction::kNone ? o.loss.mutable_data_ptr<A>() : row_loss.data();
-  const bool softcap = p.softcap > 0, weighted = a.weight != nullptr;
+  const bool softcap = p.softcap > 0, weighted = a.weight != nullptr, smooth = p.label_smoothing > 0;
   const int64_t grain = std::max<int64_t>(1, 16384 / p.V);
   torch::stable::parallel_for(0, p.R, grain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -183,10 +205,12 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
       }
       const T* x = a.x + a.rows.offset(i);
       A m, s, wx;
-      if (softcap) {
-        weighted ? row_stats<true, true>(a, x, m, s, wx) : row_stats<true, false>(a, x, m, s, wx);
+      if (!smooth) {
+        softcap ? row_stats<true, false, false>(a, x, m, s, wx) : row_stats<false, false, false>(a, x, m, s, wx);
+      } else if (softcap) {
+        weighted ? row_stats<true, true, true>(a, x, m, s, wx) : row_stats<true, false, true>(a, x, m, s, wx);
       } else {
-        weighted ? row_stats<false, true>(a, x, m, s, wx) : row_stats<false, false>(a, x, m, s, wx);
+        weighted ? row_stats<false, true, true>(a, x, m, s, wx) : row_stats<false, false, true>(a, x, m, s, wx);
       }
       const A lse = m + std::log(s);
       const A xt = value<false>(x[t], a.softcap);
@@ -203,10 +227,12 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
       const A cp = ((A(1) - a.eps) * wt + a.eps * W_sum * inv_v) * a.sw + A(2) * a.z * lse * a.sn;
       const A ct = (A(1) - a.eps) * wt * a.sw;
       const A cw = a.eps * inv_v * a.sw;
-      if (softcap) {
-        weighted ? row_grad<true, true>(a, x, g, lse, cp, cw) : row_grad<true, false>(a, x, g, lse, cp, cw);
+      if (!smooth) {
+        softcap ? row_grad<true, false, false>(a, x, g, lse, cp, cw) : row_grad<false, false, false>(a, x, g, lse, cp, cw);
+      } else if (softcap) {
+        weighted ? row_grad<true, true, true>(a, x, g, lse, cp, cw) : row_grad<true, false, true>(a, x, g, lse, cp, cw);
       } else {
-        weighted ? row_grad<false, true>(a, x, g, lse, cp, cw) : row_grad<false, false>(a, x, g, lse, cp, cw);
+        weighted ? row_grad<false, true, true>(a, x, g, lse, cp, cw) : row_grad<false, false, true>(a, x, g, lse, cp, cw);
       }
       // The target's element, once more with its own term (g may be x itself: use xt_c).
       A d = exp_acc(xt_c - lse) * cp - ct - cw * wt;

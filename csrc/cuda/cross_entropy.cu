@@ -235,9 +235,16 @@ __device__ __forceinline__ void zero_columns(T* g, int64_t col) {
 
 // The register-caching kernel: a block (or a cluster of blocks) per row, VPT vectors a thread.
 // Vector i of thread tid of cluster rank r holds columns ((i * blocks + r) * 512 + tid) * VEC.
-template <typename T, int VPT, bool kGrad>
-__global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> a) {
+// kOptions: softcap or label smoothing may be on; without, their code is compiled out (the
+// common case keeps fewer registers).
+template <typename T, int VPT, bool kGrad, bool kOptions>
+__global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> args) {
   using A = acc_t<T>;
+  Args<A> a = args;
+  if constexpr (!kOptions) {
+    a.softcap = false;
+    a.smoothing = false;
+  }
   constexpr int VEC = 16 / sizeof(T);
   __shared__ A sh[3 * kWarps + 3];
   const unsigned rank = cluster_rank(), blocks = cluster_blocks();
@@ -525,9 +532,9 @@ bool cluster_fits(int cluster) {
 }
 
 // Launches the register kernel with VPT vectors a thread in clusters of `cluster` blocks.
-template <typename T, int VPT, bool kGrad>
+template <typename T, int VPT, bool kGrad, bool kOptions>
 bool launch_rows(const Args<acc_t<T>>& a, int64_t R, int cluster, cudaStream_t stream, const char* op) {
-  constexpr auto kernel = row_kernel<T, VPT, kGrad>;
+  constexpr auto kernel = row_kernel<T, VPT, kGrad, kOptions>;
   if (cluster == 1) {
     kernel<<<unsigned(R), kThreads, 0, stream>>>(a);
     check_launch(op);
@@ -538,18 +545,18 @@ bool launch_rows(const Args<acc_t<T>>& a, int64_t R, int cluster, cudaStream_t s
   return true;
 }
 
-template <typename T, bool kGrad>
+template <typename T, bool kGrad, bool kOptions>
 bool try_rows(const Args<acc_t<T>>& a, int64_t R, int64_t vectors, cudaStream_t stream, const char* op) {
   // One block when the row fits its registers (the fewest vectors a thread that do), else the
   // smallest cluster at 4 vectors a thread, else at 8.
-  if (vectors <= kThreads) return launch_rows<T, 1, kGrad>(a, R, 1, stream, op);
-  if (vectors <= 2 * kThreads) return launch_rows<T, 2, kGrad>(a, R, 1, stream, op);
-  if (vectors <= 4 * kThreads) return launch_rows<T, 4, kGrad>(a, R, 1, stream, op);
-  if (vectors <= 8 * kThreads) return launch_rows<T, 8, kGrad>(a, R, 1, stream, op);
+  if (vectors <= kThreads) return launch_rows<T, 1, kGrad, kOptions>(a, R, 1, stream, op);
+  if (vectors <= 2 * kThreads) return launch_rows<T, 2, kGrad, kOptions>(a, R, 1, stream, op);
+  if (vectors <= 4 * kThreads) return launch_rows<T, 4, kGrad, kOptions>(a, R, 1, stream, op);
+  if (vectors <= 8 * kThreads) return launch_rows<T, 8, kGrad, kOptions>(a, R, 1, stream, op);
   const int64_t c4 = (vectors + 4 * kThreads - 1) / (4 * kThreads);
-  if (c4 <= kMaxCluster) return launch_rows<T, 4, kGrad>(a, R, int(c4), stream, op);
+  if (c4 <= kMaxCluster) return launch_rows<T, 4, kGrad, kOptions>(a, R, int(c4), stream, op);
   const int64_t c8 = (vectors + 8 * kThreads - 1) / (8 * kThreads);
-  if (c8 <= kMaxCluster) return launch_rows<T, 8, kGrad>(a, R, int(c8), stream, op);
+  if (c8 <= kMaxCluster) return launch_rows<T, 8, kGrad, kOptions>(a, R, int(c8), stream, op);
   return false;
 }
 
@@ -559,7 +566,10 @@ void run_rows(const Args<acc_t<T>>& a, const Problem& p, cudaStream_t stream, co
   const bool vector = p.V % kVec == 0 && aligned16(a.x) && rows_aligned(p.rows, kVec) &&
                       (!kGrad || (aligned16(a.grad) && rows_aligned(a.grad_rows, kVec)));
   if constexpr (sizeof(T) < 8) {
-    if (vector && try_rows<T, kGrad>(a, p.R, p.V / kVec, stream, op)) return;
+    const bool options = a.softcap || a.smoothing;
+    if (vector && (options ? try_rows<T, kGrad, true>(a, p.R, p.V / kVec, stream, op)
+                           : try_rows<T, kGrad, false>(a, p.R, p.V / kVec, stream, op)))
+      return;
   }
   if (vector) {
     sweep_kernel<T, kVec, kGrad><<<unsigned(p.R), kThreads, 0, stream>>>(a);
