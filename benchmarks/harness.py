@@ -712,6 +712,7 @@ CSV_COLUMNS = [
     "device", "device_name", "threads", "copy_tbps", "run_id",
     "peak_mib",
 ]
+OPTIONAL_COLUMNS = ("peak_mib",)
 ROW_KEY = ("op", "device", "mode", "shape", "dtype", "provider")
 
 
@@ -782,8 +783,11 @@ def _write_merged(out_dir: Path, rows: list, new_runs: list, append: bool) -> Pa
         else:
             position[key(r)] = len(merged)
             merged.append(r)
+    # Optional columns (peak_mib) are written only when some row has a value, so that results
+    # without them keep their file format.
+    columns = [k for k in CSV_COLUMNS if k not in OPTIONAL_COLUMNS or any(r.get(k) not in (None, "") for r in merged)]
     with open(csv_path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(merged)
     used = {r.get("run_id") for r in merged}
