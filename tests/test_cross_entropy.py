@@ -246,6 +246,18 @@ def test_z_loss_and_weights_follow_liger():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_float32_weight_with_other_logits(device, dtype):
+    """A float32 weight goes with logits of any dtype (read as float32, not as the logits' type)."""
+    x, t = _problem(device, dtype=dtype)
+    w = torch.rand(50, device=device) + 0.5
+    kw = dict(weight=w, label_smoothing=0.2, reduction="sum")
+    loss = fusedops.cross_entropy(x, t, **kw)
+    tol = 1e-10 if dtype == torch.float64 else 2e-2
+    torch.testing.assert_close(loss.double(), reference(x.detach().double(), t, **kw), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_nn_module_drop_in(device):
     """Same constructor (legacy arguments too), state_dict and repr as torch's; the same values
     and gradients for (N, C) inputs; torch's state loads."""
@@ -337,7 +349,7 @@ def test_bad_target_gpu(device):
     t2 = t.clone()
     t2[1, 2] = -7
     with pytest.raises(ValueError, match=r"target\[1, 2\] = -7 is outside"):
-        fusedops.cross_entropy(x, t2, inplace_grad=True)
+        fusedops.cross_entropy(x.detach().clone().requires_grad_(), t2, inplace_grad=True)
     loss = fusedops.cross_entropy(x, t, reduction="none", check_target=False)
     assert torch.isnan(loss[1, 2]) and torch.isfinite(loss[0]).all()
     (g,) = torch.autograd.grad(loss.sum(), x)

@@ -23,8 +23,10 @@ logits to fp32 as Hugging Face's loss does, compiled per case); "liger" (Liger-K
 LigerCrossEntropyFunction, which writes the gradient into the logits; it takes (N, V), so the
 shifted case is made contiguous first, as users of it do); the subject "fusedops-<backend>"
 (``fusedops.cross_entropy``, a separate gradient buffer) and "fusedops+inplace-<backend>"
-(``inplace_grad=True``: the gradient written into the logits, like Liger). Peak memory is
-recorded per call (``peak MiB``): the gradient buffer shows there.
+(``inplace_grad=True``: the gradient written into the logits, like Liger). The inputs require
+grad, so a fused forward (fusedops, Liger) also writes the gradient in "fwd"; the forward alone
+as inference runs it is "fusedops+nograd-<backend>" (under ``torch.no_grad()``, fwd only).
+Peak memory is recorded per call (``peak MiB``): the gradient buffer shows there.
 """
 
 from __future__ import annotations
@@ -156,6 +158,18 @@ def _fusedops_factory(inplace_grad):
     return factory
 
 
+def _fusedops_no_grad(case, device):
+    import fusedops
+
+    f = fusedops.cross_entropy
+
+    def run(logits, target, shifted):
+        with torch.no_grad():
+            return f(_view(logits, shifted), target, ignore_index=IGNORE)
+
+    return run
+
+
 def _fusedops_raw(case, device):
     op = torch.ops.fusedops.cross_entropy.default
 
@@ -187,6 +201,10 @@ ENTRY = OpEntry(
         Provider("liger", _probe_liger, _liger),
         *_common.fusedops_providers("cross_entropy", _fusedops_factory(False), _fusedops_raw,
                                     variants={"inplace": _fusedops_factory(True)}),
+        # The forward alone as inference runs it (no gradient wanted: one read of the logits);
+        # with the logits requiring grad, fusedops' (and Liger's) forward also writes the gradient.
+        Provider("fusedops+nograd", lambda device: _common.probe_fusedops("cross_entropy", device, variant="nograd"),
+                 _fusedops_no_grad, role="subject", modes=("fwd",)),
     ],
     modes=("fwd", "fwd+bwd"),
     measure_memory=True,

@@ -270,7 +270,8 @@ struct Kernels {
       check_targets(p, p.target.const_data_ptr<int64_t>(), p.target, op);
     dispatch_float(p.dtype, op, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {
+      // (the weight is in the logits' dtype or float32, for any logits dtype)
+      if constexpr (!std::is_same_v<T, float>) {
         if (p.weight && p.weight->scalar_type() == ScalarType::Float) return run_weight<T, float>(p, o, op);
       }
       run_weight<T, T>(p, o, op);

@@ -240,8 +240,13 @@ def scale(grad_output, grad):
     if not torch.is_grad_enabled():
         with _direct.BelowAutograd():
             return backward(grad_output, grad)
-    # create_graph=True: the gradient depends on the logits (through the softmax), but nothing
-    # saved here carries their graph; the result is marked so that differentiating it raises.
+    if type(grad) is not torch.Tensor or type(grad_output) is not torch.Tensor:
+        # Traced (torch.compile): the backward op's own autograd says double backward is not
+        # supported if anything differentiates through it.
+        return backward(grad_output, grad)
+    # Eager create_graph=True: the gradient depends on the logits (through the softmax), but
+    # nothing saved here carries their graph; the result is marked so that differentiating it
+    # raises.
     return _Undifferentiable.apply(backward(grad_output, grad), _graph_anchor(grad.device))
 
 

@@ -39,7 +39,7 @@ _MAX_BLOCK = 64 if os.environ.get("TRITON_INTERPRET") == "1" else 4096
 
 @triton.jit
 def _targets_kernel(target_ptr, weight_ptr, stats_ptr, bad_ptr, R, V, ignore_index,
-                    HAS_WEIGHT: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr):
+                    HAS_WEIGHT: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, W_BLOCK: tl.constexpr):
     # stats: (sum of w_t over rows not ignored, their count, sum of all class weights).
     dw = tl.zeros([BLOCK], ACC)
     dn = tl.zeros([BLOCK], ACC)
@@ -59,10 +59,10 @@ def _targets_kernel(target_ptr, weight_ptr, stats_ptr, bad_ptr, R, V, ignore_ind
         dw += tl.where(counted, w, 0.0)
         dn += tl.where(counted, 1.0, 0.0)
         first = tl.minimum(first, tl.where(bad, offs, R))
-    ws = tl.zeros([BLOCK], ACC)
+    ws = tl.zeros([W_BLOCK], ACC)
     if HAS_WEIGHT:
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
+        for start in range(0, V, W_BLOCK):
+            offs = start + tl.arange(0, W_BLOCK)
             ws += tl.load(weight_ptr + offs, mask=offs < V, other=0.0).to(ACC)
     tl.store(stats_ptr, tl.sum(dw, 0))
     tl.store(stats_ptr + 1, tl.sum(dn, 0))
@@ -141,7 +141,7 @@ def _row_kernel(
             wt = tl.full([], 1.0, ACC)
             w_sum = tl.full([], 1.0, ACC) * V
         wt = tl.where(valid, wt, float("nan"))
-        inv_v = 1.0 / V.to(ACC)
+        inv_v = 1.0 / (V + tl.zeros([], ACC))  # (V == 1 arrives as a constant, not a tensor)
         ce = (1.0 - eps) * wt * (lse - xt)
         if eps > 0:  # (with -inf logits the smoothing term is 0 * inf)
             ce += eps * inv_v * (w_sum * lse - wx_sum)
@@ -273,7 +273,8 @@ def forward(logits: Tensor, target: Tensor, weight: Optional[Tensor], ignore_ind
             return
         block_t = min(triton.next_power_of_2(R), 1024)
         _targets_kernel[(1,)](target, weight if weight is not None else stats, stats, bad, R, V, ignore_index,
-                              HAS_WEIGHT=weight is not None, ACC=tl_acc, BLOCK=block_t)
+                              HAS_WEIGHT=weight is not None, ACC=tl_acc, BLOCK=block_t,
+                              W_BLOCK=min(triton.next_power_of_2(V), 1024))
         g = grad
         if g is not None and in_place and x.data_ptr() != logits.data_ptr():
             g = x  # written into the copy the kernel reads, copied back below
