@@ -186,17 +186,22 @@ def test_inplace_grad_mode_refuses_saved_logits(device):
         (loss + side).backward()
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 33), (4, 128256), (2, 262152)], ids=["small", "cluster", "sweep"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_inplace_op_writes_gradient(device):
-    """cross_entropy_ leaves in the logits exactly the gradient cross_entropy returns."""
-    x, t = _problem(device, shape=(3, 5, 33))
+def test_inplace_op_writes_gradient(device, shape):
+    """cross_entropy_ leaves in the logits exactly the gradient cross_entropy returns, and the
+    same loss (the target's logit is read before the row is overwritten)."""
+    if device == "cpu" and shape != (3, 5, 33):
+        pytest.skip("the wide rows exercise the GPU's cluster and sweep kernels")
+    x, t = _problem(device, shape=shape, dtype=torch.float32 if shape[-1] == 33 else torch.bfloat16)
     x = x.detach()
-    w = torch.rand(33, device=device)
-    expected = torch.ops.fusedops.cross_entropy(x, t, w, -100, "sum", 0.2, 0.01, 3.0, True)
-    y = x.clone()
-    got = torch.ops.fusedops.cross_entropy_(y, t, w, -100, "sum", 0.2, 0.01, 3.0)
-    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
-    assert torch.equal(y, expected[2])
+    w = torch.rand(shape[-1], device=device)
+    for opts in ((w, -100, "sum", 0.2, 0.01, 3.0), (None, -100, "none", 0.0, 0.0, None)):
+        expected = torch.ops.fusedops.cross_entropy(x, t, *opts, True)
+        y = x.clone()
+        got = torch.ops.fusedops.cross_entropy_(y, t, *opts)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+        assert torch.equal(y, expected[2])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -178,6 +178,13 @@ __device__ __forceinline__ void row_combine(A& m, A& s, A& wx, A* sh, unsigned b
   }
 }
 
+// The target's (capped) logit: one more, cached, load; a bad target reads element 0. Read
+// before the row's barrier: in place, the gradient overwrites the row after it.
+template <typename A, typename T>
+__device__ __forceinline__ A target_logit(const Args<A>& a, const T* x, int64_t t) {
+  return capped(A(to_acc(x[t >= 0 && t < a.V ? t : 0])), a);
+}
+
 // The row's loss and lse (written by one thread) and the gradient coefficients.
 template <typename T, typename A>
 struct RowCoefs {
@@ -186,7 +193,7 @@ struct RowCoefs {
 
 template <typename T, typename A>
 __device__ __forceinline__ RowCoefs<T, A> finish_row(const Args<A>& a, int64_t row, int64_t t, A m, A s, A wx,
-                                                     bool write) {
+                                                     A xt, bool write) {
   const bool valid = t >= 0 && t < a.V;
   RowCoefs<T, A> c;
   c.lse = m + a_log(s);
@@ -197,9 +204,6 @@ __device__ __forceinline__ RowCoefs<T, A> finish_row(const Args<A>& a, int64_t r
   const A W = a.weighted ? a.stats[2] : A(a.V);
   const A inv_v = a.inv_v;
   if (write) {
-    // The target's logit: one more (cached) load; a bad target reads element 0.
-    const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
-    const A xt = capped(A(to_acc(x[valid ? t : 0])), a);
     A ce = (A(1) - a.eps) * wt * (c.lse - xt);
     if (a.smoothing) ce += a.eps * inv_v * (W * c.lse - wx);
     const A zl = a.z * c.lse * c.lse;
@@ -300,8 +304,10 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> args
           wx += (a.weighted ? weight_at<T>(a, column(i) + e) : A(1)) * capped(A(to_acc(xv[i].v[e])), a);
       }
   }
+  const bool writer = rank == 0 && threadIdx.x == 0;
+  const A xt = writer ? target_logit(a, x, t) : A(0);  // (before the barrier: in place, x is overwritten after it)
   row_combine(m, s, wx, sh, blocks);
-  const RowCoefs<T, A> c = finish_row<T>(a, row, t, m, s, wx, rank == 0 && threadIdx.x == 0);
+  const RowCoefs<T, A> c = finish_row<T>(a, row, t, m, s, wx, xt, writer);
   if constexpr (kGrad) {
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
@@ -368,8 +374,9 @@ __global__ void __launch_bounds__(kThreads) sweep_kernel(const Args<acc_t<T>> a)
       for (int e = 0; e < VEC; ++e) wx += (a.weighted ? weight_at<T>(a, j + e) : A(1)) * v[e];
     }
   }
+  const A xt = threadIdx.x == 0 ? target_logit(a, x, t) : A(0);  // (before the barrier, as above)
   row_combine(m, s, wx, sh, 1);
-  const RowCoefs<T, A> c = finish_row<T>(a, row, t, m, s, wx, threadIdx.x == 0);
+  const RowCoefs<T, A> c = finish_row<T>(a, row, t, m, s, wx, xt, threadIdx.x == 0);
   if constexpr (kGrad) {
     for (int64_t j = int64_t(threadIdx.x) * VEC; j < V; j += int64_t(kThreads) * VEC) {
       if constexpr (VEC > 1) {

@@ -155,6 +155,9 @@ def _row_kernel(
         tl.store(lse_ptr + row, lse)
         tl.store(rowloss_ptr + row, ce * sw + zl * sn)
         if GRAD:
+            # In place the gradient overwrites the row, the target's logit included: every
+            # thread's reads above come before any store below.
+            tl.debug_barrier()
             cp = ((1.0 - eps) * wt + eps * w_sum * inv_v) * sw + 2.0 * z * lse * sn
             ct = (1.0 - eps) * wt * sw
             cw = eps * inv_v * sw
