@@ -155,6 +155,9 @@ class OpEntry:
     providers: list
     modes: tuple = MODES
     tolerance: dict = field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
+    # whether to record each call's peak memory (CUDA: bytes allocated above what was allocated
+    # before the call, outputs and gradients included), as the peak_mib column
+    measure_memory: bool = False
 
     def cases(self, device: str) -> list:
         return list(self.gpu_cases if device == "cuda" else self.cpu_cases)
@@ -341,6 +344,21 @@ def copy_bandwidth(device: str) -> dict:
         "copy_ms": timing.ms,
         "copy_tbps": moved / (timing.ms * 1e-3) / 1e12,
     }
+
+
+def peak_memory_mib(fn: Callable[[], Any], device: str) -> Optional[float]:
+    """Peak memory one call of `fn` allocates on top of what was allocated before it, in MiB
+    (what it returns included); None off CUDA."""
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del result
+    return peak / 2**20
 
 
 def free_memory(device: str) -> None:
@@ -569,6 +587,7 @@ def _run_case(entry, case, provider, probe, modes, settings, reference, run) -> 
             else:
                 timing = time_cpu(timed, settings.quick)
                 wall = None
+            peak = peak_memory_mib(timed, device) if entry.measure_memory else None
             nbytes = entry.min_bytes(case, mode)
             tbps = nbytes / (timing.ms * 1e-3) / 1e12
             pct = 100.0 * tbps / copy_tbps
@@ -577,7 +596,7 @@ def _run_case(entry, case, provider, probe, modes, settings, reference, run) -> 
                     mode, "ok", "; ".join(notes),
                     time_ms=timing.ms, time_ms_p20=timing.p20, time_ms_p80=timing.p80,
                     wall_us=wall, min_bytes=nbytes, tbps=tbps, pct_copy=pct,
-                    err_fwd=err_fwd, err_grad=err_grad if mode != "fwd" else None,
+                    err_fwd=err_fwd, err_grad=err_grad if mode != "fwd" else None, peak_mib=peak,
                 )
             )
             wall_text = f"  wall {wall:9.2f} us" if wall is not None else ""
@@ -691,7 +710,9 @@ CSV_COLUMNS = [
     "time_ms", "time_ms_p20", "time_ms_p80", "wall_us", "min_bytes", "tbps", "pct_copy",
     "err_fwd", "err_grad", "note",
     "device", "device_name", "threads", "copy_tbps", "run_id",
+    "peak_mib",
 ]
+OPTIONAL_COLUMNS = ("peak_mib",)
 ROW_KEY = ("op", "device", "mode", "shape", "dtype", "provider")
 
 
@@ -762,8 +783,11 @@ def _write_merged(out_dir: Path, rows: list, new_runs: list, append: bool) -> Pa
         else:
             position[key(r)] = len(merged)
             merged.append(r)
+    # Optional columns (peak_mib) are written only when some row has a value, so that results
+    # without them keep their file format.
+    columns = [k for k in CSV_COLUMNS if k not in OPTIONAL_COLUMNS or any(r.get(k) not in (None, "") for r in merged)]
     with open(csv_path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(merged)
     used = {r.get("run_id") for r in merged}
@@ -918,7 +942,9 @@ def render_markdown(rows: list, runs: list, entries: dict) -> str:
         "(back-to-back calls between two synchronisations: includes host and dispatcher overhead); "
         "*CPU ms* is the median of `torch.utils.benchmark` (wall time).  *TB/s* = minimum bytes / time; "
         "*% copy* = TB/s relative to the copy bandwidth of the same run.  *vs P* = P's time / "
-        "fusedops' time (> 1: fusedops faster); on GPU the cell reads `kernel ratio (wall ratio)`.",
+        "fusedops' time (> 1: fusedops faster); on GPU the cell reads `kernel ratio (wall ratio)`.  "
+        "*peak MiB* (entries that measure memory, CUDA): the most one call allocates on top of what "
+        "was allocated before it, its outputs and gradients included.",
     ]
     for (op, device), group in _groups(rows).items():
         entry = entries.get(op)
@@ -941,7 +967,11 @@ def render_markdown(rows: list, runs: list, entries: dict) -> str:
                                             for r in mode_rows)]
             headers = ["shape", "dtype", "provider"]
             headers += ["GPU ms", "wall us"] if gpu else ["CPU ms"]
-            headers += ["TB/s", "% copy"] + [f"vs {p}" for p in peers]
+            headers += ["TB/s", "% copy"]
+            memory = any(fnum(r.get("peak_mib")) is not None for r in mode_rows)
+            if memory:
+                headers.append("peak MiB")
+            headers += [f"vs {p}" for p in peers]
             body = []
             for shape, dtype, _ in cases:
                 for p in providers:
@@ -953,6 +983,8 @@ def render_markdown(rows: list, runs: list, entries: dict) -> str:
                     if gpu:
                         cells.append(_fmt(fnum(r["wall_us"]), ".1f"))
                     cells += [_fmt(fnum(r["tbps"]), ".4g"), _fmt(fnum(r["pct_copy"]), ".1f")]
+                    if memory:
+                        cells.append(_fmt(fnum(r.get("peak_mib")), ".0f"))
                     for peer in peers:
                         if r["role"] != "subject":
                             cells.append("")

@@ -82,4 +82,27 @@ STABLE_TORCH_LIBRARY(fusedops, m) {
   m.def(
       "rope_backward(Tensor? grad_q_out, Tensor? grad_k_out, Tensor cos, Tensor sin, Tensor? position_ids, "
       "bool interleaved) -> (Tensor grad_q, Tensor grad_k)");
+
+  // Cross-entropy of (..., V) logits against (...) class-index targets (int64 or int32), with
+  // torch's options (class weights, ignore_index, reduction, label_smoothing) plus a z-loss
+  // term and Gemma-2 style logit soft-capping (the math: csrc/include/fusedops/cross_entropy.h).
+  // Returns the loss (float32; float64 for float64 logits), each row's log-sum-exp, the gradient
+  // of the loss with respect to the logits when compute_grad (else an empty tensor; one read of
+  // the logits gives both), and bad_target: the flat index of the first target outside [0, V)
+  // that is not ignore_index, or -1 (its row's loss and gradient are NaN; nothing is read out
+  // of bounds).
+  m.def(
+      "cross_entropy(Tensor logits, Tensor target, Tensor? weight=None, int ignore_index=-100, "
+      "str reduction=\"mean\", float label_smoothing=0., float z_loss=0., float? softcap=None, "
+      "bool compute_grad=False) -> (Tensor loss, Tensor lse, Tensor grad_logits, Tensor bad_target)");
+  // The same, writing the gradient into the logits (the memory-saving mode).
+  m.def(
+      "cross_entropy_(Tensor(a!) logits, Tensor target, Tensor? weight=None, int ignore_index=-100, "
+      "str reduction=\"mean\", float label_smoothing=0., float z_loss=0., float? softcap=None) "
+      "-> (Tensor loss, Tensor lse, Tensor bad_target)");
+  // The backward: the forward's gradient times grad_output (0-d for "mean"/"sum", one value
+  // per row for "none"), as a new tensor, or in place, where rows whose scale is exactly 1 are
+  // left untouched (the usual loss.backward() costs no pass over the gradient).
+  m.def("cross_entropy_backward(Tensor grad_output, Tensor grad_logits) -> Tensor");
+  m.def("cross_entropy_backward_(Tensor grad_output, Tensor(a!) grad_logits) -> ()");
 }

@@ -21,6 +21,10 @@ class TestSchemas(expecttest.TestCase):
 fusedops::add_rms_norm(Tensor input, Tensor residual, Tensor? weight, float eps, float offset=0., bool cast_before_weight=False) -> (Tensor output, Tensor residual_out, Tensor rstd)
 fusedops::add_rms_norm_(Tensor input, Tensor(a!) residual, Tensor? weight, float eps, float offset=0., bool cast_before_weight=False) -> (Tensor output, Tensor rstd)
 fusedops::add_rms_norm_backward(Tensor grad_output, Tensor? grad_residual_out, Tensor residual_out, Tensor? weight, Tensor rstd, float offset, bool weight_requires_grad) -> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight)
+fusedops::cross_entropy(Tensor logits, Tensor target, Tensor? weight=None, int ignore_index=-100, str reduction="mean", float label_smoothing=0., float z_loss=0., float? softcap=None, bool compute_grad=False) -> (Tensor loss, Tensor lse, Tensor grad_logits, Tensor bad_target)
+fusedops::cross_entropy_(Tensor(a!) logits, Tensor target, Tensor? weight=None, int ignore_index=-100, str reduction="mean", float label_smoothing=0., float z_loss=0., float? softcap=None) -> (Tensor loss, Tensor lse, Tensor bad_target)
+fusedops::cross_entropy_backward(Tensor grad_output, Tensor grad_logits) -> Tensor
+fusedops::cross_entropy_backward_(Tensor grad_output, Tensor(a!) grad_logits) -> ()
 fusedops::geglu(Tensor gate, Tensor up, str approximate="none") -> Tensor
 fusedops::geglu_backward(Tensor grad_output, Tensor gate, Tensor up, str approximate="none") -> (Tensor grad_gate, Tensor grad_up)
 fusedops::geglu_packed(Tensor gate_up, str approximate="none") -> Tensor

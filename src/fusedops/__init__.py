@@ -8,6 +8,7 @@
     y, rstd = torch.ops.fusedops.rms_norm(x, weight, 1e-6)  # the registered op
     norm = fusedops.nn.RMSNorm(4096)                    # drop-in module
     q, k = fusedops.rope(q, k, cos, sin)                 # rotary embeddings of q and k, one launch
+    loss = fusedops.cross_entropy(logits, target)        # loss and gradient from one read of the logits
 
 `python -m fusedops` prints the build record, the backend of every op and a self-check.
 """
@@ -21,10 +22,11 @@ from . import ops  # noqa: E402  (registers fake kernels, autograd and autocast 
 from . import nn  # noqa: E402
 from .functional import add_rms_norm, add_rms_norm_, layer_norm, rms_norm  # noqa: E402
 from .functional import geglu, geglu_packed, rope, rope_, swiglu, swiglu_packed  # noqa: E402
+from .functional import cross_entropy  # noqa: E402
 from .ops import OPS, backend_for  # noqa: E402
 
 __version__ = "0.1.0.dev0"
 __all__ = [
     "rms_norm", "add_rms_norm", "add_rms_norm_", "layer_norm", "swiglu", "geglu", "swiglu_packed", "geglu_packed",
-    "rope", "rope_", "nn", "ops", "OPS", "backend_for", "build_info", "__version__",
+    "rope", "rope_", "cross_entropy", "nn", "ops", "OPS", "backend_for", "build_info", "__version__",
 ]

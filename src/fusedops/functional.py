@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ._native import PRECHECK_ARGUMENTS
 from .ops import add_rms_norm as _add_rms_norm
+from .ops import cross_entropy as _cross_entropy
 from .ops import layer_norm as _layer_norm
 from .ops import rms_norm as _rms_norm
 from .ops import geglu as _geglu
@@ -375,3 +376,98 @@ def rope_(
     else:
         _rope_inplace_op(q4, k4, cos4, sin4, pos, interleaved)
     return q, k
+
+
+_cross_entropy_op = _cross_entropy.forward
+_cross_entropy_inplace_op = _cross_entropy.forward_
+
+
+def cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    weight: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: Optional[float] = None,
+    inplace_grad: bool = False,
+    check_target: bool = True,
+) -> Tensor:
+    r"""Cross-entropy between ``(..., V)`` logits and class-index targets, with the value, the
+    log-sum-exp and (when the logits need a gradient) the gradient from one read of the logits.
+
+    Same semantics as :func:`torch.nn.functional.cross_entropy` for every option it has, with
+    the class dimension **last**: logits ``(N, V)`` or ``(B, T, V)`` (any leading dimensions)
+    and target ``(N,)`` or ``(B, T)``, where torch wants ``(N, C, d1, ...)``.
+
+    .. math:: \ell_i = (1 - \varepsilon)\, w_{t_i} (\mathrm{lse}_i - x_{i,t_i})
+              + \frac{\varepsilon}{V} \sum_j w_j (\mathrm{lse}_i - x_{ij})
+              + z \cdot \mathrm{lse}_i^2
+
+    with :math:`x = \mathrm{softcap} \cdot \tanh(\mathrm{logits} / \mathrm{softcap})` when
+    ``softcap`` is given. Rows whose target is ``ignore_index`` contribute 0. ``"mean"`` divides
+    the cross-entropy terms by the sum of :math:`w_{t_i}` over the rows not ignored (torch's rule)
+    and the z-terms by the number of those rows (Liger-Kernel's); all rows ignored gives NaN, as
+    in torch.
+
+    Args:
+        logits: ``(..., V)``, float32, bfloat16, float16 or float64. Leading dimensions may have
+            any strides (``logits[:, :-1]`` of a ``(B, T, V)`` tensor is read in place); a
+            strided last dimension is copied.
+        target: ``(...)`` class indices, int64 or int32 (probability targets are not supported).
+        weight: optional ``(V,)`` class weights, in logits' dtype or float32. No gradient.
+        ignore_index: target value whose rows are skipped.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"`` (per-row losses, target's shape).
+        label_smoothing: in ``[0, 1]``, as torch.
+        z_loss: weight of the ``lse^2`` term (PaLM's auxiliary loss), per row not ignored.
+        softcap: Gemma-2 style logit soft-capping (``> 0``), gradient included.
+        inplace_grad: write the gradient into ``logits`` (which then hold it, not the logits)
+            instead of a new logits-sized buffer, to save memory. Only when the logits need a
+            gradient; ignored under torch.compile (which plans memory itself). Nothing else may
+            need the logits afterwards (autograd raises if a saved copy was overwritten).
+        check_target: on a GPU in eager mode, a target outside ``[0, V)`` that is not
+            ``ignore_index`` raises a ValueError naming it, which costs one synchronisation per
+            call (the kernel records the first bad row; the host reads it). ``False`` skips that
+            read: such rows then give NaN. Never checked under torch.compile or CUDA-graph
+            capture (NaN too). On the CPU the kernel always checks.
+
+    Returns:
+        The loss: 0-d for ``"mean"``/``"sum"``, target's shape for ``"none"``; in the logits'
+        dtype (float32 under autocast, as torch). Math in float32 (float64 for float64 logits).
+    """
+    compiling = torch.compiler.is_compiling()
+    if PRECHECK_ARGUMENTS and not compiling:
+        _cross_entropy.check(
+            "cross_entropy", logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
+        )
+        if logits.device.type == "cpu":  # the kernel would raise, which crashes on this torch
+            bad = _cross_entropy.first_bad_target(target, logits.shape[-1], ignore_index)
+            if bad >= 0:
+                raise ValueError(
+                    _cross_entropy.bad_target_message("cross_entropy", target, bad, logits.shape[-1], ignore_index)
+                )
+    args = (logits, target, weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
+            None if softcap is None else float(softcap))
+    in_place = inplace_grad and not compiling and torch.is_grad_enabled() and logits.requires_grad
+    if direct_call_allowed():
+        if in_place:
+            loss, bad = _cross_entropy.direct_inplace(*args)
+        else:
+            loss, bad = _cross_entropy.direct(*args)
+    elif in_place:
+        loss, _lse, bad = _cross_entropy_inplace_op(*args)
+    else:
+        needs_grad = torch.is_grad_enabled() and logits.requires_grad
+        loss, _lse, _grad, bad = _cross_entropy_op(*args, needs_grad)
+    if check_target and logits.is_cuda and not compiling and not torch.cuda.is_current_stream_capturing():
+        index = int(bad)  # the one synchronisation
+        if index >= 0:
+            raise ValueError(
+                _cross_entropy.bad_target_message("cross_entropy", target, index, logits.shape[-1], ignore_index)
+            )
+    if loss.dtype != logits.dtype and not torch.is_autocast_enabled(logits.device.type):
+        loss = loss.to(logits.dtype)
+    return loss
+

@@ -16,7 +16,7 @@ import warnings
 import torch
 
 from .. import _native
-from . import add_rms_norm, geglu, geglu_packed, layer_norm, rms_norm, rope, swiglu, swiglu_packed
+from . import add_rms_norm, cross_entropy, geglu, geglu_packed, layer_norm, rms_norm, rope, swiglu, swiglu_packed
 
 # Every public op of the library, by name (the same name as the schema, the C++/Triton files,
 # the docs page and the benchmark id).
@@ -29,6 +29,7 @@ OPS = {
     "swiglu_packed": swiglu_packed,
     "geglu_packed": geglu_packed,
     "rope": rope,
+    "cross_entropy": cross_entropy,
 }
 
 _triton_lib = None

@@ -1,0 +1,319 @@
+// cross_entropy, cross_entropy_ and their backward scaling on the CPU (the math:
+// fusedops/cross_entropy.h).
+//
+// Targets are validated first (a bad one raises, naming it, before anything is written), and
+// the "mean" denominators summed in row order. Rows then run in parallel on torch's thread
+// pool: the first sweep over a row (by chunks held in L1) finds its maximum and sums exp(x -
+// max) (and the weighted logits, for label smoothing), the second (when a gradient is wanted)
+// writes the gradient; a row of the shapes that matter (32000 fp32 values, 128 KiB) stays in L2
+// between the sweeps, so the logits come from memory once. The loops are simd loops (exp is the
+// branch-free polynomial of cpu_gated.h, so that it vectorises), compiled per instruction set
+// (cpu_isa.h). Per-row losses
+// are added in row order afterwards: the result does not depend on the thread count.
+#include <torch/csrc/stable/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "fusedops/cpu_convert.h"
+#include "fusedops/cpu_gated.h"
+#include "fusedops/cpu_isa.h"
+#include "fusedops/cpu_memory.h"
+#include "fusedops/cross_entropy.h"
+#include "fusedops/dispatch.h"
+
+namespace fusedops::cross_entropy::cpu {
+namespace {
+
+using fusedops::cpu::acc_t;
+using fusedops::cpu::from_acc;
+using fusedops::cpu::to_acc;
+
+FUSEDOPS_CPU_INLINE float exp_acc(float x) { return fusedops::gated::cpu::exp_f32(x); }
+FUSEDOPS_CPU_INLINE double exp_acc(double x) { return std::exp(x); }
+
+template <typename T, typename W>
+struct Args {
+  using A = acc_t<T>;
+  const T* x = nullptr;
+  RowLayout rows;
+  const W* weight = nullptr;  // null: all 1
+  T* grad = nullptr;          // null: no gradient
+  RowLayout grad_rows;
+  int64_t V = 0;
+  A softcap = 0, eps = 0, z = 0, W_sum = 0;
+  A sw = 1, sn = 1;  // 1 / Dw and 1 / Dn under "mean", else 1
+};
+
+template <bool kSoftcap, typename A, typename T>
+FUSEDOPS_CPU_INLINE A value(T v, A cap) {
+  if constexpr (kSoftcap) {
+    return cap * std::tanh(A(to_acc(v)) / cap);
+  } else {
+    return A(to_acc(v));
+  }
+}
+
+// Row statistics: the maximum, sum exp(x - max) and (with smoothing) sum w_j x_j. The row is
+// read once, by chunks that go through an L1-resident float buffer (converted and soft-capped
+// once): the chunk's maximum first, the running sum rescaled when it grows, then the exps.
+constexpr int64_t kChunk = 2048;
+
+template <bool kSoftcap, bool kWeighted, bool kSmooth, typename T, typename W>
+FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, acc_t<T>& m_out, acc_t<T>& s_out,
+                                         acc_t<T>& wx_out) {
+  using A = acc_t<T>;
+  const int64_t V = a.V;
+  constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+  alignas(64) A buf[kChunk];
+  A m = kNegInf, s = 0, wx = 0;
+  for (int64_t c0 = 0; c0 < V; c0 += kChunk) {
+    const int64_t n = std::min(kChunk, V - c0);
+    const T* xc = x + c0;
+    A cm = kNegInf;
+#pragma omp simd reduction(max : cm)
+    for (int64_t j = 0; j < n; ++j) {
+      const A v = value<kSoftcap>(xc[j], a.softcap);
+      buf[j] = v;
+      cm = v > cm ? v : cm;  // (a NaN is carried by the sum of exp instead)
+    }
+    if (cm > m) {
+      s = m == kNegInf ? A(0) : s * exp_acc(m - cm);
+      m = cm;
+    }
+    A cs = 0, cwx = 0;
+    if (m != kNegInf) {  // (all -inf so far: nothing to add; exp(-inf - -inf) would be NaN)
+#pragma omp simd reduction(+ : cs)
+      for (int64_t j = 0; j < n; ++j) cs += exp_acc(buf[j] - m);
+    }
+    if constexpr (kSmooth) {
+#pragma omp simd reduction(+ : cwx)
+      for (int64_t j = 0; j < n; ++j) {
+        if constexpr (kWeighted) {
+          cwx += A(to_acc(a.weight[c0 + j])) * buf[j];
+        } else {
+          cwx += buf[j];
+        }
+      }
+    }
+    s += cs;
+    wx += cwx;
+  }
+  m_out = m;
+  s_out = s;
+  wx_out = wx;
+}
+
+// g_j = (p_j * cp - cw * w_j) * softcap'(x_j); the target's element is corrected by the caller.
+template <bool kSoftcap, bool kWeighted, bool kSmooth, typename T, typename W>
+FUSEDOPS_CPU_MULTIVERSION void row_grad(const Args<T, W>& a, const T* x, T* g, acc_t<T> lse, acc_t<T> cp,
+                                        acc_t<T> cw) {
+  using A = acc_t<T>;
+  const int64_t V = a.V;
+#pragma omp simd
+  for (int64_t j = 0; j < V; ++j) {
+    const A v = value<kSoftcap>(x[j], a.softcap);
+    A d = exp_acc(v - lse) * cp;
+    if constexpr (kSmooth && kWeighted) {
+      d -= cw * A(to_acc(a.weight[j]));
+    } else if constexpr (kSmooth) {
+      d -= cw;
+    }
+    if constexpr (kSoftcap) {
+      const A u = v / a.softcap;
+      d *= A(1) - u * u;
+    }
+    g[j] = from_acc<T>(d);
+  }
+}
+
+template <typename T>
+FUSEDOPS_CPU_MULTIVERSION void zero_row(T* g, int64_t V) {
+#pragma omp simd
+  for (int64_t j = 0; j < V; ++j) g[j] = from_acc<T>(acc_t<T>(0));
+}
+
+// Raises for the first target outside [0, V) that is not ignore_index, naming it.
+template <typename I>
+void check_targets(const Problem& p, const I* t, const Tensor& target, const char* op) {
+  for (int64_t i = 0; i < p.R; ++i) {
+    const int64_t v = int64_t(t[i]);
+    if (v == p.ignore_index || (v >= 0 && v < p.V)) continue;
+    std::string where;
+    int64_t rest = i;
+    std::vector<int64_t> index(target.dim());
+    for (int64_t d = target.dim(); d-- > 0;) {
+      index[d] = rest % target.size(d);
+      rest /= target.size(d);
+    }
+    for (int64_t d = 0; d < target.dim(); ++d) where += (d ? ", " : "") + std::to_string(index[d]);
+    fail(op, ": target[", where, "] = ", v, " is outside [0, ", p.V, ") and is not ignore_index (", p.ignore_index,
+         ")");
+  }
+}
+
+template <typename T, typename W, typename I>
+void run_typed(const Problem& p, Outputs& o, const char* op) {
+  using A = acc_t<T>;
+  const I* target = p.target.const_data_ptr<I>();
+  Args<T, W> a;
+  a.x = p.logits.const_data_ptr<T>();
+  a.rows = p.rows;
+  a.V = p.V;
+  if (p.weight) a.weight = p.weight->const_data_ptr<W>();
+  if (o.grad) {
+    a.grad = o.grad->mutable_data_ptr<T>();
+    a.grad_rows = o.grad_rows;
+    if (o.grad->get() != p.logits.get()) fusedops::cpu::advise_huge_pages(*o.grad);
+  }
+  a.softcap = A(p.softcap);
+  a.eps = A(p.label_smoothing);
+  a.z = A(p.z_loss);
+  A W_sum = A(p.V);
+  if (a.weight != nullptr) {
+    W_sum = 0;
+    for (int64_t j = 0; j < p.V; ++j) W_sum += A(to_acc(a.weight[j]));
+  }
+  a.W_sum = W_sum;
+  if (p.reduction == Reduction::kMean) {
+    A dw = 0, dn = 0;
+    for (int64_t i = 0; i < p.R; ++i) {
+      const int64_t t = int64_t(target[i]);
+      if (t == p.ignore_index) continue;
+      dw += a.weight != nullptr ? A(to_acc(a.weight[t])) : A(1);
+      dn += 1;
+    }
+    a.sw = A(1) / dw;
+    a.sn = A(1) / dn;
+  }
+  A* lse_out = o.lse.mutable_data_ptr<A>();
+  std::vector<A> row_loss(p.reduction == Reduction::kNone ? 0 : p.R);
+  A* loss_rows = p.reduction == Reduction::kNone ? o.loss.mutable_data_ptr<A>() : row_loss.data();
+  const bool softcap = p.softcap > 0, weighted = a.weight != nullptr, smooth = p.label_smoothing > 0;
+  const int64_t grain = std::max<int64_t>(1, 16384 / p.V);
+  torch::stable::parallel_for(0, p.R, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = int64_t(target[i]);
+      T* g = a.grad != nullptr ? a.grad + a.grad_rows.offset(i) : nullptr;
+      if (t == p.ignore_index) {
+        lse_out[i] = 0;
+        loss_rows[i] = 0;
+        if (g != nullptr) zero_row(g, p.V);
+        continue;
+      }
+      const T* x = a.x + a.rows.offset(i);
+      A m, s, wx;
+      if (!smooth) {
+        softcap ? row_stats<true, false, false>(a, x, m, s, wx) : row_stats<false, false, false>(a, x, m, s, wx);
+      } else if (softcap) {
+        weighted ? row_stats<true, true, true>(a, x, m, s, wx) : row_stats<true, false, true>(a, x, m, s, wx);
+      } else {
+        weighted ? row_stats<false, true, true>(a, x, m, s, wx) : row_stats<false, false, true>(a, x, m, s, wx);
+      }
+      const A lse = m + std::log(s);
+      const A xt = value<false>(x[t], a.softcap);
+      const A xt_c = softcap ? a.softcap * std::tanh(xt / a.softcap) : xt;
+      const A wt = weighted ? A(to_acc(a.weight[t])) : A(1);
+      const A inv_v = A(1) / A(p.V);
+      // (the smoothing term only when smoothing: with -inf logits it is 0 * inf)
+      A ce = (A(1) - a.eps) * wt * (lse - xt_c);
+      if (a.eps > A(0)) ce += a.eps * inv_v * (W_sum * lse - wx);
+      const A zl = a.z * lse * lse;
+      lse_out[i] = lse;
+      loss_rows[i] = p.reduction == Reduction::kMean ? ce * a.sw + zl * a.sn : ce + zl;
+      if (g == nullptr) continue;
+      const A cp = ((A(1) - a.eps) * wt + a.eps * W_sum * inv_v) * a.sw + A(2) * a.z * lse * a.sn;
+      const A ct = (A(1) - a.eps) * wt * a.sw;
+      const A cw = a.eps * inv_v * a.sw;
+      if (!smooth) {
+        softcap ? row_grad<true, false, false>(a, x, g, lse, cp, cw) : row_grad<false, false, false>(a, x, g, lse, cp, cw);
+      } else if (softcap) {
+        weighted ? row_grad<true, true, true>(a, x, g, lse, cp, cw) : row_grad<true, false, true>(a, x, g, lse, cp, cw);
+      } else {
+        weighted ? row_grad<false, true, true>(a, x, g, lse, cp, cw) : row_grad<false, false, true>(a, x, g, lse, cp, cw);
+      }
+      // The target's element, once more with its own term (g may be x itself: use xt_c).
+      A d = exp_acc(xt_c - lse) * cp - ct - cw * wt;
+      if (softcap) {
+        const A u = xt_c / a.softcap;
+        d *= A(1) - u * u;
+      }
+      g[t] = from_acc<T>(d);
+    }
+  });
+  if (p.reduction != Reduction::kNone) {
+    A total = 0;
+    for (int64_t i = 0; i < p.R; ++i) total += row_loss[i];
+    // All rows ignored under "mean": 0 / 0, as torch.
+    if (p.reduction == Reduction::kMean && !(a.sn < std::numeric_limits<A>::infinity()))
+      total = std::numeric_limits<A>::quiet_NaN();
+    *o.loss.mutable_data_ptr<A>() = total;
+  }
+  *o.bad_target.mutable_data_ptr<int64_t>() = -1;
+}
+
+template <typename T, typename W>
+void run_weight(const Problem& p, Outputs& o, const char* op) {
+  if (p.target.scalar_type() == ScalarType::Int)
+    run_typed<T, W, int32_t>(p, o, op);
+  else
+    run_typed<T, W, int64_t>(p, o, op);
+}
+
+struct Kernels {
+  static void forward(const Problem& p, Outputs& o, const char* op) {
+    if (p.target.scalar_type() == ScalarType::Int)
+      check_targets(p, p.target.const_data_ptr<int32_t>(), p.target, op);
+    else
+      check_targets(p, p.target.const_data_ptr<int64_t>(), p.target, op);
+    dispatch_float(p.dtype, op, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      // (the weight is in the logits' dtype or float32, for any logits dtype)
+      if constexpr (!std::is_same_v<T, float>) {
+        if (p.weight && p.weight->scalar_type() == ScalarType::Float) return run_weight<T, float>(p, o, op);
+      }
+      run_weight<T, T>(p, o, op);
+    });
+  }
+
+  static void scale(const ScaleProblem& s, const Tensor& out, const RowLayout& out_rows, bool in_place, const char* op) {
+    dispatch_float(s.dtype, op, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      using A = acc_t<T>;
+      // grad_output in float64 whatever its dtype (a handful of values).
+      const Tensor go = torch::stable::to(s.grad_output, ScalarType::Double);
+      const double* scales = go.const_data_ptr<double>();
+      const T* g = s.grad.const_data_ptr<T>();
+      T* y = out.mutable_data_ptr<T>();
+      const int64_t V = s.V;
+      const int64_t grain = std::max<int64_t>(1, 32768 / V);
+      if (!in_place) fusedops::cpu::advise_huge_pages(out);
+      torch::stable::parallel_for(0, s.R, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const double k = scales[s.per_row ? i : 0];
+          if (in_place && k == 1.0) continue;
+          scale_row<T>(g + s.rows.offset(i), y + out_rows.offset(i), A(k), V);
+        }
+      });
+    });
+  }
+
+  template <typename T>
+  FUSEDOPS_CPU_MULTIVERSION static void scale_row(const T* g, T* y, acc_t<T> k, int64_t V) {
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) y[j] = from_acc<T>(acc_t<T>(to_acc(g[j])) * k);
+  }
+};
+
+}  // namespace
+}  // namespace fusedops::cross_entropy::cpu
+
+STABLE_TORCH_LIBRARY_IMPL(fusedops, CPU, m) {
+  using K = fusedops::cross_entropy::cpu::Kernels;
+  m.impl("cross_entropy", TORCH_BOX(&fusedops::cross_entropy::cross_entropy<K>));
+  m.impl("cross_entropy_", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_inplace<K>));
+  m.impl("cross_entropy_backward", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_backward<K>));
+  m.impl("cross_entropy_backward_", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_backward_inplace<K>));
+}

@@ -1,0 +1,699 @@
+// cross_entropy, cross_entropy_ and their backward scaling on CUDA (the math:
+// fusedops/cross_entropy.h).
+//
+// Memory-bound: the point is to read each logits row once and, when a gradient is wanted, to
+// write the gradient once, with no pass in the backward. A forward is three launches:
+// 1. targets_kernel, one block: the "mean" denominators (weights of the rows not ignored, their
+//    count), the sum of the class weights, and the first bad target, all in a fixed order
+//    (deterministic, no atomics) and on the device (no host sync). Targets are 8 bytes a row
+//    against the row's V logits: this costs a few microseconds.
+// 2. the row kernel. A row stays on chip between its log-sum-exp and its gradient: a block of
+//    512 threads (or, for wide rows on sm_90, a thread-block cluster of up to 8 of them, with
+//    the row split between the blocks) keeps the row in registers, VPT 16-byte vectors a thread
+//    (as stored: 8 bf16 values in 4 registers). Each thread reduces its values to (max, sum of
+//    exp relative to that max, sum of w_j x_j); warps, then the block, then the cluster (through
+//    distributed shared memory, cuda_norm.cuh's machinery) combine those in a fixed order, so
+//    every thread ends with the same row statistics, bit for bit. The gradient is then written
+//    from the registers with 16-byte stores. Up to 8 x 512 x 8 vectors: 262144 bf16/fp16 or
+//    131072 fp32 classes per row.
+//    Everything else (wider rows, other architectures for rows wider than a block, float64,
+//    rows whose strides or base are not 16-byte aligned) takes the sweep kernel: one block per
+//    row, an online-softmax pass, then a gradient pass that reads the row again (mostly from
+//    L2: a block works on one row at a time).
+//    Rows whose target is ignore_index are not read; their gradient rows are written as zeros.
+// 3. sum_kernel, one block: "mean"/"sum" add the per-row losses in row order.
+// The backward (scale_kernel) multiplies the gradient by grad_output, read on the device; in
+// place, a row whose scale is exactly 1 is skipped, so loss.backward() reads nothing.
+// Offsets are 64-bit; columns within a row are 32-bit (V < 2^31 is checked).
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+
+#include <cmath>
+
+#include "fusedops/cross_entropy.h"
+#include "fusedops/cuda_norm.cuh"  // the cluster machinery (cluster_rank, launch_cluster, ...)
+#include "fusedops/cuda_utils.cuh"
+
+namespace fusedops::cross_entropy::cuda {
+namespace {
+
+using namespace fusedops::cuda;
+using fusedops::norm::cuda::cluster_arrive;
+using fusedops::norm::cuda::cluster_blocks;
+using fusedops::norm::cuda::cluster_rank;
+using fusedops::norm::cuda::cluster_wait;
+using fusedops::norm::cuda::load_cluster_shared;
+
+constexpr int kThreads = fusedops::norm::cuda::kClusterThreads;  // 512: the cluster launcher's block
+static_assert(kThreads == 512, "the row kernels assume 16 warps");
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxCluster = 8;
+constexpr int kTargetThreads = 1024;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <typename A>
+struct Args {
+  const void* x;  // logits rows (T)
+  RowLayout rows;
+  const void* target;  // int64, or int32 when target32
+  bool target32;
+  const void* weight;  // null, or V values of T, or float32 when weight32
+  bool weight32;
+  void* grad;  // null: no gradient
+  RowLayout grad_rows;
+  A* lse;
+  A* rowloss;      // per-row contributions ("none": the loss itself)
+  const A* stats;  // Dw, Dn, sum of weights
+  int64_t ignore_index;
+  int V;
+  bool mean, softcap, weighted, smoothing;
+  A eps, z, cap, inv_cap, inv_v;  // (reciprocals from the host: no division in the kernels)
+};
+
+template <typename A>
+__device__ __forceinline__ A a_exp(A v) {
+  if constexpr (sizeof(A) == 8)
+    return exp(v);
+  else
+    return exp2f(v * kLog2e);
+}
+
+template <typename A>
+__device__ __forceinline__ A a_log(A v) {
+  if constexpr (sizeof(A) == 8)
+    return log(v);
+  else
+    return logf(v);
+}
+
+template <typename A>
+__device__ __forceinline__ A nan_of() {
+  if constexpr (sizeof(A) == 8)
+    return __longlong_as_double(0x7ff8000000000000ll);
+  else
+    return __int_as_float(0x7fc00000);
+}
+
+template <typename A>
+__device__ __forceinline__ A neg_inf() {
+  if constexpr (sizeof(A) == 8)
+    return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
+  else
+    return __int_as_float(static_cast<int>(0xff800000u));
+}
+
+template <typename A>
+__device__ __forceinline__ A capped(A v, const Args<A>& a) {
+  if (a.softcap) {
+    if constexpr (sizeof(A) == 8)
+      return a.cap * tanh(v * a.inv_cap);
+    else
+      return a.cap * tanhf(v * a.inv_cap);
+  }
+  return v;
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ A weight_at(const Args<A>& a, int64_t j) {
+  if (a.weight32) return A(static_cast<const float*>(a.weight)[j]);
+  return A(to_acc(static_cast<const T*>(a.weight)[j]));
+}
+
+__device__ __forceinline__ int64_t target_at(const void* t, bool t32, int64_t i) {
+  return t32 ? int64_t(static_cast<const int32_t*>(t)[i]) : static_cast<const int64_t*>(t)[i];
+}
+
+// (max, sum of exp(x - max), sum of w x): b folded into a. Both maxima -inf: the sums add (0).
+template <typename A>
+__device__ __forceinline__ void combine(A& m, A& s, A& wx, A m2, A s2, A wx2) {
+  const A mm = m > m2 ? m : m2;
+  const A e1 = m == mm ? A(1) : a_exp(m - mm);
+  const A e2 = m2 == mm ? A(1) : a_exp(m2 - mm);
+  s = s * e1 + s2 * e2;
+  wx += wx2;
+  m = mm;
+}
+
+// Combines every thread's statistics over the block and, when launched as a cluster, over the
+// cluster: afterwards every thread holds the row's, identical bit for bit. `sh` holds 3 *
+// kWarps values plus the 3-value slot other blocks read; the caller must call
+// cluster_finish() before exiting when blocks > 1.
+template <typename A>
+__device__ __forceinline__ void row_combine(A& m, A& s, A& wx, A* sh, unsigned blocks) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const A m2 = __shfl_xor_sync(0xffffffffu, m, offset);
+    const A s2 = __shfl_xor_sync(0xffffffffu, s, offset);
+    const A w2 = __shfl_xor_sync(0xffffffffu, wx, offset);
+    combine(m, s, wx, m2, s2, w2);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  if (lane == 0) {
+    sh[warp] = m;
+    sh[kWarps + warp] = s;
+    sh[2 * kWarps + warp] = wx;
+  }
+  __syncthreads();
+  m = sh[0];
+  s = sh[kWarps];
+  wx = sh[2 * kWarps];
+  for (int w = 1; w < warps; ++w) combine(m, s, wx, sh[w], sh[kWarps + w], sh[2 * kWarps + w]);
+  if (blocks > 1) {
+    A* slot = sh + 3 * kWarps;
+    if (threadIdx.x == 0) {
+      slot[0] = m;
+      slot[1] = s;
+      slot[2] = wx;
+    }
+    cluster_arrive();
+    cluster_wait();
+    m = load_cluster_shared(slot, 0);
+    s = load_cluster_shared(slot + 1, 0);
+    wx = load_cluster_shared(slot + 2, 0);
+    for (unsigned r = 1; r < blocks; ++r)
+      combine(m, s, wx, load_cluster_shared(slot, r), load_cluster_shared(slot + 1, r),
+              load_cluster_shared(slot + 2, r));
+    cluster_arrive();  // this block has read every slot it will read
+  }
+}
+
+// The target's (capped) logit: one more, cached, load; a bad target reads element 0. Read
+// before the row's barrier: in place, the gradient overwrites the row after it.
+template <typename A, typename T>
+__device__ __forceinline__ A target_logit(const Args<A>& a, const T* x, int64_t t) {
+  return capped(A(to_acc(x[t >= 0 && t < a.V ? t : 0])), a);
+}
+
+// The row's loss and lse (written by one thread) and the gradient coefficients.
+template <typename T, typename A>
+struct RowCoefs {
+  A lse, cp, ct, cw;
+};
+
+template <typename T, typename A>
+__device__ __forceinline__ RowCoefs<T, A> finish_row(const Args<A>& a, int64_t row, int64_t t, A m, A s, A wx,
+                                                     A xt, bool write) {
+  const bool valid = t >= 0 && t < a.V;
+  RowCoefs<T, A> c;
+  c.lse = m + a_log(s);
+  const A wt = valid ? (a.weighted ? weight_at<T>(a, t) : A(1)) : nan_of<A>();
+  // (the hardware reciprocal: an IEEE division's slow-path call costs registers and spills)
+  const A sw = a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[0]) : A(1);
+  const A sn = a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[1]) : A(1);
+  const A W = a.weighted ? a.stats[2] : A(a.V);
+  const A inv_v = a.inv_v;
+  if (write) {
+    A ce = (A(1) - a.eps) * wt * (c.lse - xt);
+    if (a.smoothing) ce += a.eps * inv_v * (W * c.lse - wx);
+    const A zl = a.z * c.lse * c.lse;
+    a.lse[row] = c.lse;
+    a.rowloss[row] = a.mean ? ce * sw + zl * sn : ce + zl;
+  }
+  c.cp = ((A(1) - a.eps) * wt + a.eps * W * inv_v) * sw + A(2) * a.z * c.lse * sn;
+  c.ct = (A(1) - a.eps) * wt * sw;
+  c.cw = a.eps * inv_v * sw;
+  return c;
+}
+
+// d loss / d logit of element j holding (capped) value v.
+template <typename T, typename A>
+__device__ __forceinline__ A grad_at(const Args<A>& a, const RowCoefs<T, A>& c, A v, int64_t j, int64_t t) {
+  A d = a_exp(v - c.lse) * c.cp;
+  if (a.smoothing) d -= c.cw * (a.weighted ? weight_at<T>(a, j) : A(1));
+  if (j == t) d -= c.ct;
+  if (a.softcap) {
+    const A u = v * a.inv_cap;
+    d *= A(1) - u * u;
+  }
+  return d;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void zero_columns(T* g, int64_t col) {
+  acc_t<T> z[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) z[e] = 0;
+  store_from_acc<T, VEC>(g + col, z);
+}
+
+// The register-caching kernel: a block (or a cluster of blocks) per row, VPT vectors a thread.
+// Vector i of thread tid of cluster rank r holds columns ((i * blocks + r) * 512 + tid) * VEC.
+// kOptions: softcap or label smoothing may be on; without, their code is compiled out (the
+// common case keeps fewer registers).
+template <typename T, int VPT, bool kGrad, bool kOptions>
+__global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> args) {
+  using A = acc_t<T>;
+  Args<A> a = args;
+  if constexpr (!kOptions) {
+    a.softcap = false;
+    a.smoothing = false;
+  }
+  constexpr int VEC = 16 / sizeof(T);
+  __shared__ A sh[3 * kWarps + 3];
+  const unsigned rank = cluster_rank(), blocks = cluster_blocks();
+  const int64_t row = blockIdx.x / blocks;
+  const int64_t t = target_at(a.target, a.target32, row);
+  const auto column = [&](int i) { return int64_t(((i * int(blocks) + int(rank)) * kThreads + int(threadIdx.x)) * VEC); };
+  T* g = kGrad ? static_cast<T*>(a.grad) + a.grad_rows.offset(row) : nullptr;
+  if (t == a.ignore_index) {  // the whole cluster takes this branch: no barrier is pending
+    if (rank == 0 && threadIdx.x == 0) {
+      a.lse[row] = 0;
+      a.rowloss[row] = 0;
+    }
+    if constexpr (kGrad) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i)
+        if (column(i) < a.V) zero_columns<T, VEC>(g, column(i));
+    }
+    return;
+  }
+  const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
+  Vec<T, VEC> xv[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    if (column(i) < a.V) xv[i] = load_vec<T, VEC>(x + column(i));
+  A m = neg_inf<A>();
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    if (column(i) < a.V) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const A v = capped(A(to_acc(xv[i].v[e])), a);
+        m = v > m ? v : m;  // (a NaN is carried by the sum of exp instead)
+      }
+    }
+  A s = 0, wx = 0;
+  if (m != neg_inf<A>()) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (column(i) < a.V) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A v = capped(A(to_acc(xv[i].v[e])), a);
+          s += a_exp(v - m);
+          if (a.smoothing) wx += (a.weighted ? weight_at<T>(a, column(i) + e) : A(1)) * v;
+        }
+      }
+  } else if (a.smoothing) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (column(i) < a.V) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          wx += (a.weighted ? weight_at<T>(a, column(i) + e) : A(1)) * capped(A(to_acc(xv[i].v[e])), a);
+      }
+  }
+  const bool writer = rank == 0 && threadIdx.x == 0;
+  const A xt = writer ? target_logit(a, x, t) : A(0);  // (before the barrier: in place, x is overwritten after it)
+  row_combine(m, s, wx, sh, blocks);
+  const RowCoefs<T, A> c = finish_row<T>(a, row, t, m, s, wx, xt, writer);
+  if constexpr (kGrad) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (column(i) < a.V) {
+        A d[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) d[e] = grad_at<T>(a, c, capped(A(to_acc(xv[i].v[e])), a), column(i) + e, t);
+        store_from_acc<T, VEC>(g + column(i), d);
+      }
+  }
+  if (blocks > 1) cluster_wait();  // no block leaves while another may still read its slot
+}
+
+// The sweeping kernel: a block per row, the row read once for its statistics (online) and again
+// for the gradient. VEC elements per access (16 bytes when the row allows, else 1).
+template <typename T, int VEC, bool kGrad>
+__global__ void __launch_bounds__(kThreads) sweep_kernel(const Args<acc_t<T>> a) {
+  using A = acc_t<T>;
+  __shared__ A sh[3 * kWarps + 3];
+  const int64_t row = blockIdx.x;
+  const int64_t t = target_at(a.target, a.target32, row);
+  T* g = kGrad ? static_cast<T*>(a.grad) + a.grad_rows.offset(row) : nullptr;
+  const int64_t V = a.V;
+  if (t == a.ignore_index) {
+    if (threadIdx.x == 0) {
+      a.lse[row] = 0;
+      a.rowloss[row] = 0;
+    }
+    if constexpr (kGrad) {
+      for (int64_t j = int64_t(threadIdx.x) * VEC; j < V; j += int64_t(kThreads) * VEC) {
+        if constexpr (VEC > 1) {
+          zero_columns<T, VEC>(g, j);
+        } else {
+          g[j] = from_acc<T>(A(0));
+        }
+      }
+    }
+    return;
+  }
+  const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
+  A m = neg_inf<A>(), s = 0, wx = 0;
+  for (int64_t j = int64_t(threadIdx.x) * VEC; j < V; j += int64_t(kThreads) * VEC) {
+    A v[VEC];
+    if constexpr (VEC > 1) {
+      const Vec<T, VEC> raw = load_vec<T, VEC>(x + j);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v[e] = capped(A(to_acc(raw.v[e])), a);
+    } else {
+      v[0] = capped(A(to_acc(x[j])), a);
+    }
+    A vm = v[0];
+#pragma unroll
+    for (int e = 1; e < VEC; ++e) vm = vm > v[e] ? vm : v[e];
+    if (vm > m) {
+      s *= a_exp(m - vm);  // (m = -inf: s is 0, and exp(-inf) is 0)
+      m = vm;
+    }
+    if (m != neg_inf<A>()) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) s += a_exp(v[e] - m);
+    }
+    if (a.smoothing) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) wx += (a.weighted ? weight_at<T>(a, j + e) : A(1)) * v[e];
+    }
+  }
+  const A xt = threadIdx.x == 0 ? target_logit(a, x, t) : A(0);  // (before the barrier, as above)
+  row_combine(m, s, wx, sh, 1);
+  const RowCoefs<T, A> c = finish_row<T>(a, row, t, m, s, wx, xt, threadIdx.x == 0);
+  if constexpr (kGrad) {
+    for (int64_t j = int64_t(threadIdx.x) * VEC; j < V; j += int64_t(kThreads) * VEC) {
+      if constexpr (VEC > 1) {
+        const Vec<T, VEC> raw = load_vec<T, VEC>(x + j);
+        A d[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) d[e] = grad_at<T>(a, c, capped(A(to_acc(raw.v[e])), a), j + e, t);
+        store_from_acc<T, VEC>(g + j, d);
+      } else {
+        g[j] = from_acc<T>(grad_at<T>(a, c, capped(A(to_acc(x[j])), a), j, t));
+      }
+    }
+  }
+}
+
+// One block: the "mean" denominators, the sum of the class weights and the first bad target.
+// Each thread walks a fixed set of rows; the block adds the threads' partials in a fixed order.
+template <typename T, typename A>
+__global__ void __launch_bounds__(kTargetThreads)
+    targets_kernel(const void* target, bool t32, const void* weight, bool w32, int64_t R, int64_t V,
+                   int64_t ignore_index, A* stats, int64_t* bad) {
+  __shared__ A sdw[kTargetThreads / 32], sdn[kTargetThreads / 32], sws[kTargetThreads / 32];
+  __shared__ long long sbad[kTargetThreads / 32];
+  A dw = 0, dn = 0, ws = 0;
+  long long first = R;
+  for (int64_t i = threadIdx.x; i < R; i += kTargetThreads) {
+    const int64_t t = target_at(target, t32, i);
+    if (t == ignore_index) continue;
+    const bool valid = t >= 0 && t < V;
+    A w = A(1);
+    if (weight != nullptr && valid)
+      w = w32 ? A(static_cast<const float*>(weight)[t]) : A(to_acc(static_cast<const T*>(weight)[t]));
+    if (!valid) {
+      w = nan_of<A>();
+      first = first < i ? first : i;
+    }
+    dw += w;
+    dn += 1;
+  }
+  if (weight != nullptr)
+    for (int64_t j = threadIdx.x; j < V; j += kTargetThreads)
+      ws += w32 ? A(static_cast<const float*>(weight)[j]) : A(to_acc(static_cast<const T*>(weight)[j]));
+  dw = warp_sum(dw);
+  dn = warp_sum(dn);
+  ws = warp_sum(ws);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const long long o = __shfl_xor_sync(0xffffffffu, first, offset);
+    first = o < first ? o : first;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sdw[warp] = dw;
+    sdn[warp] = dn;
+    sws[warp] = ws;
+    sbad[warp] = first;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    A tdw = 0, tdn = 0, tws = 0;
+    long long f = R;
+    for (int w = 0; w < kTargetThreads / 32; ++w) {
+      tdw += sdw[w];
+      tdn += sdn[w];
+      tws += sws[w];
+      f = sbad[w] < f ? sbad[w] : f;
+    }
+    stats[0] = tdw;
+    stats[1] = tdn;
+    stats[2] = tws;
+    *bad = f == R ? -1 : f;
+  }
+}
+
+// One block: the per-row losses added in row order ("mean": all rows ignored gives NaN).
+template <typename A>
+__global__ void __launch_bounds__(kTargetThreads)
+    sum_kernel(const A* rowloss, const A* stats, A* loss, int64_t R, bool mean) {
+  __shared__ A partial[kTargetThreads / 32];
+  A s = 0;
+  for (int64_t i = threadIdx.x; i < R; i += kTargetThreads) s += rowloss[i];
+  s = warp_sum(s);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    A total = 0;
+    for (int w = 0; w < kTargetThreads / 32; ++w) total += partial[w];
+    if (mean && stats[1] == A(0)) total = nan_of<A>();
+    *loss = total;
+  }
+}
+
+// grad_output's element i in the accumulation type, whatever its floating dtype.
+template <typename A>
+__device__ __forceinline__ A scale_at(const void* p, int code, int64_t i) {
+  switch (code) {
+    case 0: return A(static_cast<const float*>(p)[i]);
+    case 1: return A(static_cast<const double*>(p)[i]);
+    case 2: return A(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
+    default: return A(__half2float(static_cast<const __half*>(p)[i]));
+  }
+}
+
+constexpr int kScaleThreads = 256;
+constexpr int kScaleVecs = 4;
+
+// out = grad * grad_output over tiles of kScaleThreads * kScaleVecs * VEC columns of one row, a
+// persistent grid walking the tiles; in place, rows whose scale is exactly 1 are skipped.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kScaleThreads)
+    scale_kernel(const T* g, RowLayout g_rows, T* out, RowLayout o_rows, const void* go, int go_code, bool per_row,
+                 bool in_place, int64_t V, int64_t tiles_per_row, int64_t tiles) {
+  using A = acc_t<T>;
+  constexpr int64_t kTile = int64_t(kScaleThreads) * kScaleVecs * VEC;
+  if (!per_row && in_place && scale_at<A>(go, go_code, 0) == A(1)) return;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t row = tile / tiles_per_row;
+    const A k = scale_at<A>(go, go_code, per_row ? row : 0);
+    if (in_place && k == A(1)) continue;
+    const int64_t c0 = (tile - row * tiles_per_row) * kTile;
+    const T* gr = g + g_rows.offset(row);
+    T* orow = out + o_rows.offset(row);
+    Vec<T, VEC> v[kScaleVecs];
+#pragma unroll
+    for (int i = 0; i < kScaleVecs; ++i) {
+      const int64_t j = c0 + (int64_t(i) * kScaleThreads + threadIdx.x) * VEC;
+      if (j < V) {
+        if constexpr (VEC > 1)
+          v[i] = load_vec<T, VEC>(gr + j);
+        else
+          v[i].v[0] = gr[j];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kScaleVecs; ++i) {
+      const int64_t j = c0 + (int64_t(i) * kScaleThreads + threadIdx.x) * VEC;
+      if (j < V) {
+        A d[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) d[e] = A(to_acc(v[i].v[e])) * k;
+        if constexpr (VEC > 1)
+          store_from_acc<T, VEC>(orow + j, d);
+        else
+          orow[j] = from_acc<T>(d[0]);
+      }
+    }
+  }
+}
+
+inline bool rows_aligned(const RowLayout& r, int64_t vec) {
+  for (int d = 0; d < r.ndim; ++d)
+    if (r.sizes[d] > 1 && r.strides[d] % vec != 0) return false;
+  return true;
+}
+
+template <auto Kernel>
+bool cluster_fits(int cluster) {
+  return fusedops::norm::cuda::cluster_kernel_usable<Kernel>() &&
+         fusedops::norm::cuda::resident_clusters<Kernel>(cluster) > 0;
+}
+
+// Launches the register kernel with VPT vectors a thread in clusters of `cluster` blocks.
+template <typename T, int VPT, bool kGrad, bool kOptions>
+bool launch_rows(const Args<acc_t<T>>& a, int64_t R, int cluster, cudaStream_t stream, const char* op) {
+  constexpr auto kernel = row_kernel<T, VPT, kGrad, kOptions>;
+  if (cluster == 1) {
+    kernel<<<unsigned(R), kThreads, 0, stream>>>(a);
+    check_launch(op);
+    return true;
+  }
+  if (!cluster_fits<kernel>(cluster)) return false;
+  fusedops::norm::cuda::launch_cluster(kernel, unsigned(R * cluster), cluster, stream, op, a);
+  return true;
+}
+
+template <typename T, bool kGrad, bool kOptions>
+bool try_rows(const Args<acc_t<T>>& a, int64_t R, int64_t vectors, cudaStream_t stream, const char* op) {
+  // One block when the row fits its registers (the fewest vectors a thread that do), else the
+  // smallest cluster at 4 vectors a thread, else at 8.
+  if (vectors <= kThreads) return launch_rows<T, 1, kGrad, kOptions>(a, R, 1, stream, op);
+  if (vectors <= 2 * kThreads) return launch_rows<T, 2, kGrad, kOptions>(a, R, 1, stream, op);
+  if (vectors <= 4 * kThreads) return launch_rows<T, 4, kGrad, kOptions>(a, R, 1, stream, op);
+  if (vectors <= 8 * kThreads) return launch_rows<T, 8, kGrad, kOptions>(a, R, 1, stream, op);
+  const int64_t c4 = (vectors + 4 * kThreads - 1) / (4 * kThreads);
+  if (c4 <= kMaxCluster) return launch_rows<T, 4, kGrad, kOptions>(a, R, int(c4), stream, op);
+  const int64_t c8 = (vectors + 8 * kThreads - 1) / (8 * kThreads);
+  if (c8 <= kMaxCluster) return launch_rows<T, 8, kGrad, kOptions>(a, R, int(c8), stream, op);
+  return false;
+}
+
+template <typename T, bool kGrad>
+void run_rows(const Args<acc_t<T>>& a, const Problem& p, cudaStream_t stream, const char* op) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vector = p.V % kVec == 0 && aligned16(a.x) && rows_aligned(p.rows, kVec) &&
+                      (!kGrad || (aligned16(a.grad) && rows_aligned(a.grad_rows, kVec)));
+  if constexpr (sizeof(T) < 8) {
+    const bool options = a.softcap || a.smoothing;
+    if (vector && (options ? try_rows<T, kGrad, true>(a, p.R, p.V / kVec, stream, op)
+                           : try_rows<T, kGrad, false>(a, p.R, p.V / kVec, stream, op)))
+      return;
+  }
+  if (vector) {
+    sweep_kernel<T, kVec, kGrad><<<unsigned(p.R), kThreads, 0, stream>>>(a);
+  } else {
+    sweep_kernel<T, 1, kGrad><<<unsigned(p.R), kThreads, 0, stream>>>(a);
+  }
+  check_launch(op);
+}
+
+template <typename T>
+void run_typed(const Problem& p, Outputs& o, const char* op) {
+  using DT = device_t<T>;
+  using A = acc_t<T>;
+  const ScalarType acc = acc_dtype(p.dtype);
+  const cudaStream_t stream = current_stream(p.device_index);
+  const Tensor stats = empty_like_device(p.logits, {3}, acc);
+  const bool t32 = p.target.scalar_type() == ScalarType::Int;
+  const bool w32 = p.weight && p.weight->scalar_type() == ScalarType::Float && p.dtype != ScalarType::Float;
+  const void* weight = p.weight ? p.weight->const_data_ptr() : nullptr;
+  A* stats_ptr = stats.mutable_data_ptr<A>();
+  targets_kernel<DT, A><<<1, kTargetThreads, 0, stream>>>(p.target.const_data_ptr(), t32, weight, w32, p.R, p.V,
+                                                          p.ignore_index, stats_ptr,
+                                                          o.bad_target.mutable_data_ptr<int64_t>());
+  check_launch(op);
+  const bool none = p.reduction == Reduction::kNone;
+  const Tensor rowloss = none ? o.loss : empty_like_device(p.logits, {p.R}, acc);
+  if (p.R > 0) {
+    FUSEDOPS_CHECK(p.R < (int64_t(1) << 31) / kMaxCluster, op, ": too many rows (", p.R, ")");
+    Args<A> a{};
+    a.x = p.logits.const_data_ptr();
+    a.rows = p.rows;
+    a.target = p.target.const_data_ptr();
+    a.target32 = t32;
+    a.weight = weight;
+    a.weight32 = w32;
+    a.grad = o.grad ? o.grad->mutable_data_ptr() : nullptr;
+    a.grad_rows = o.grad_rows;
+    a.lse = o.lse.mutable_data_ptr<A>();
+    a.rowloss = rowloss.mutable_data_ptr<A>();
+    a.stats = stats_ptr;
+    a.ignore_index = p.ignore_index;
+    a.V = int(p.V);
+    a.mean = p.reduction == Reduction::kMean;
+    a.softcap = p.softcap > 0;
+    a.weighted = p.weight.has_value();
+    a.smoothing = p.label_smoothing > 0;
+    a.eps = A(p.label_smoothing);
+    a.z = A(p.z_loss);
+    a.cap = A(p.softcap > 0 ? p.softcap : 1.0);
+    a.inv_cap = A(1.0 / (p.softcap > 0 ? p.softcap : 1.0));
+    a.inv_v = A(1.0 / double(p.V));
+    if (o.grad)
+      run_rows<DT, true>(a, p, stream, op);
+    else
+      run_rows<DT, false>(a, p, stream, op);
+  }
+  if (!none) {
+    sum_kernel<A><<<1, kTargetThreads, 0, stream>>>(rowloss.const_data_ptr<A>(), stats_ptr, o.loss.mutable_data_ptr<A>(),
+                                                    p.R, p.reduction == Reduction::kMean);
+    check_launch(op);
+  }
+}
+
+int scale_code(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return 0;
+    case ScalarType::Double: return 1;
+    case ScalarType::BFloat16: return 2;
+    default: return 3;
+  }
+}
+
+template <typename T>
+void scale_typed(const ScaleProblem& s, const Tensor& out, const RowLayout& out_rows, bool in_place, const char* op) {
+  using DT = device_t<T>;
+  constexpr int kVec = 16 / sizeof(T);
+  const cudaStream_t stream = current_stream(s.device_index);
+  const DT* g = static_cast<const DT*>(s.grad.const_data_ptr());
+  DT* o = static_cast<DT*>(out.mutable_data_ptr());
+  const bool vector =
+      s.V % kVec == 0 && aligned16(g) && aligned16(o) && rows_aligned(s.rows, kVec) && rows_aligned(out_rows, kVec);
+  const int vec = vector ? kVec : 1;
+  const int64_t tile = int64_t(kScaleThreads) * kScaleVecs * vec;
+  const int64_t tiles_per_row = (s.V + tile - 1) / tile;
+  const int64_t tiles = tiles_per_row * s.R;
+  const int64_t grid = std::min<int64_t>(tiles, int64_t(multiprocessor_count(s.device_index)) * 8);
+  const void* go = s.grad_output.const_data_ptr();
+  const int code = scale_code(s.grad_output.scalar_type());
+  if (vector)
+    scale_kernel<DT, kVec><<<unsigned(grid), kScaleThreads, 0, stream>>>(g, s.rows, o, out_rows, go, code, s.per_row,
+                                                                          in_place, s.V, tiles_per_row, tiles);
+  else
+    scale_kernel<DT, 1><<<unsigned(grid), kScaleThreads, 0, stream>>>(g, s.rows, o, out_rows, go, code, s.per_row,
+                                                                      in_place, s.V, tiles_per_row, tiles);
+  check_launch(op);
+}
+
+struct Kernels {
+  static void forward(const Problem& p, Outputs& o, const char* op) {
+    torch::stable::accelerator::DeviceGuard guard(p.device_index);
+    dispatch_float(p.dtype, op, [&](auto tag) { run_typed<typename decltype(tag)::type>(p, o, op); });
+  }
+
+  static void scale(const ScaleProblem& s, const Tensor& out, const RowLayout& out_rows, bool in_place,
+                    const char* op) {
+    torch::stable::accelerator::DeviceGuard guard(s.device_index);
+    dispatch_float(s.dtype, op, [&](auto tag) { scale_typed<typename decltype(tag)::type>(s, out, out_rows, in_place, op); });
+  }
+};
+
+}  // namespace
+}  // namespace fusedops::cross_entropy::cuda
+
+STABLE_TORCH_LIBRARY_IMPL(fusedops, CUDA, m) {
+  using K = fusedops::cross_entropy::cuda::Kernels;
+  m.impl("cross_entropy", TORCH_BOX(&fusedops::cross_entropy::cross_entropy<K>));
+  m.impl("cross_entropy_", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_inplace<K>));
+  m.impl("cross_entropy_backward", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_backward<K>));
+  m.impl("cross_entropy_backward_", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_backward_inplace<K>));
+}

@@ -1,0 +1,484 @@
+"""cross_entropy, its in-place-gradient form cross_entropy_, and the backward scaling ops:
+fake kernels, autograd, autocast rule and Triton hook-up.
+
+Schemas (csrc/registration.cpp):
+    cross_entropy(Tensor logits, Tensor target, Tensor? weight=None, int ignore_index=-100,
+                  str reduction="mean", float label_smoothing=0., float z_loss=0.,
+                  float? softcap=None, bool compute_grad=False)
+        -> (Tensor loss, Tensor lse, Tensor grad_logits, Tensor bad_target)
+    cross_entropy_(Tensor(a!) logits, ...same options...) -> (Tensor loss, Tensor lse, Tensor bad_target)
+    cross_entropy_backward(Tensor grad_output, Tensor grad_logits) -> Tensor
+    cross_entropy_backward_(Tensor grad_output, Tensor(a!) grad_logits) -> ()
+
+The math is in csrc/include/fusedops/cross_entropy.h.
+
+Saved for backward: only the gradient the forward already computed (compute_grad=True; a
+logits-sized tensor in the logits' dtype, or, for cross_entropy_, the logits tensor that now
+holds it). Nothing else: the backward is grad_output times that gradient. Eager backward scales
+it in place (cross_entropy_backward_, a no-op for rows whose scale is exactly 1, which is what
+``loss.backward()`` passes) and hands it on, so forward plus backward reads the logits once and
+writes one gradient. When the graph is retained (retain_graph=True, or create_graph), under
+torch.compile, or on a torch without the engine's keep-graph query, the backward writes a new
+tensor instead (cross_entropy_backward), so a second backward through the same graph sees the
+unscaled gradient again. Double backward raises. Gradients with respect to weight raise (torch
+has none either).
+
+Autocast rule: nothing is cast. The logits stay in their dtype (the kernels compute in float32
+whatever it is; an fp32 copy would triple the traffic) and the loss the op returns is float32;
+the public function returns it as float32 under autocast (as torch's autocast, which runs
+cross_entropy in float32, does) and in the logits' dtype outside it.
+"""
+
+import math
+
+import torch
+
+from . import _direct
+from ._norm import FLOAT_DTYPES, _same_device, acc_dtype, dtype_name, shape_str
+
+forward = torch.ops.fusedops.cross_entropy.default
+forward_ = torch.ops.fusedops.cross_entropy_.default
+backward = torch.ops.fusedops.cross_entropy_backward.default
+backward_ = torch.ops.fusedops.cross_entropy_backward_.default
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _device_str(t):
+    return "cpu" if t.device.type == "cpu" else str(t.device)
+
+
+def _num(v):
+    """A float as C++'s ostream writes it (6 significant digits), so that messages match."""
+    return f"{v:g}"
+
+
+def _leading(logits):
+    return "[" + ", ".join(str(s) for s in logits.shape[:-1]) + "]"
+
+
+def _may_overlap(t):
+    extent = 1
+    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride()) if s > 1):
+        if stride < extent:
+            return True
+        extent += stride * (size - 1)
+    return False
+
+
+def check(op, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, in_place=False):
+    """The checks of csrc/include/fusedops/cross_entropy.h (make_problem), in the same words."""
+    if logits.dim() < 1:
+        raise ValueError(f"{op}: logits must have at least 1 dimension (..., classes), got a 0-dimensional tensor")
+    if logits.dtype not in FLOAT_DTYPES:
+        raise ValueError(
+            f"{op}: logits dtype must be float32, bfloat16, float16 or float64, got {dtype_name(logits.dtype)}"
+        )
+    if target.dtype.is_floating_point:
+        raise ValueError(
+            f"{op}: target must hold class indices (int64 or int32); probability ({dtype_name(target.dtype)}) "
+            "targets are not supported"
+        )
+    if target.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{op}: target dtype must be int64 or int32, got {dtype_name(target.dtype)}")
+    if target.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"{op}: target shape {shape_str(target)} does not match logits shape {shape_str(logits)} without its "
+            f"last (class) dimension: expected {_leading(logits)}"
+        )
+    if not _same_device(target, logits):
+        raise ValueError(f"{op}: target is on {_device_str(target)} but logits is on {_device_str(logits)}")
+    V = logits.shape[-1]
+    if V < 1:
+        raise ValueError(f"{op}: logits must have at least one class (logits.size(-1) is 0)")
+    if V >= 2**31:
+        raise ValueError(f"{op}: too many classes ({V})")
+    if weight is not None:
+        if weight.dim() != 1 or weight.shape[0] != V:
+            raise ValueError(
+                f"{op}: weight must be a 1-D tensor of logits.size(-1) = {V} class weights, got shape "
+                f"{shape_str(weight)}"
+            )
+        if not (weight.dtype == logits.dtype or weight.dtype == torch.float32):
+            raise ValueError(
+                f"{op}: weight dtype {dtype_name(weight.dtype)} does not go with logits dtype "
+                f"{dtype_name(logits.dtype)}: use logits' dtype or float32"
+            )
+        if not _same_device(weight, logits):
+            raise ValueError(f"{op}: weight is on {_device_str(weight)} but logits is on {_device_str(logits)}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got '{reduction}'")
+    if not (0.0 <= label_smoothing <= 1.0):
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {_num(label_smoothing)}")
+    if not (z_loss >= 0.0 and math.isfinite(z_loss)):
+        raise ValueError(f"{op}: z_loss must be a finite number >= 0, got {_num(z_loss)}")
+    if softcap is not None and not (softcap > 0.0 and math.isfinite(softcap)):
+        raise ValueError(f"{op}: softcap must be a finite number > 0 (or None), got {_num(softcap)}")
+    if in_place:
+        if V != 1 and logits.stride(-1) != 1:
+            raise ValueError(
+                f"{op}: logits must have a contiguous last dimension (stride 1) to receive the gradient in place, "
+                f"got stride {logits.stride(-1)}"
+            )
+        if logits.numel() > 0 and _may_overlap(logits):
+            raise ValueError(
+                f"{op}: logits has elements that share memory (an expanded tensor?), so it cannot receive the "
+                "gradient in place"
+            )
+
+
+def check_forward(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                  z_loss=0.0, softcap=None, compute_grad=False, op="cross_entropy"):
+    check(op, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
+          in_place=op == "cross_entropy_")
+
+
+def check_backward(grad_output, grad_logits, op="cross_entropy_backward"):
+    if grad_logits.dim() < 1 or grad_logits.dtype not in FLOAT_DTYPES:
+        got = "a 0-dimensional tensor" if grad_logits.dim() == 0 else dtype_name(grad_logits.dtype)
+        raise ValueError(f"{op}: grad_logits must be a floating-point tensor of at least 1 dimension, got {got}")
+    if not grad_output.dtype.is_floating_point:
+        raise ValueError(f"{op}: grad_output dtype must be floating point, got {dtype_name(grad_output.dtype)}")
+    if not _same_device(grad_output, grad_logits):
+        raise ValueError(
+            f"{op}: grad_output is on {_device_str(grad_output)} but grad_logits is on {_device_str(grad_logits)}"
+        )
+    if grad_output.dim() != 0 and grad_output.shape != grad_logits.shape[:-1]:
+        raise ValueError(
+            f"{op}: grad_output must be a 0-dimensional tensor (reduction 'mean' or 'sum') or have shape "
+            f"{_leading(grad_logits)} (reduction 'none'), got shape {shape_str(grad_output)}"
+        )
+    if op == "cross_entropy_backward_":
+        if grad_logits.shape[-1] > 1 and grad_logits.stride(-1) != 1:
+            raise ValueError(f"{op}: grad_logits must have a contiguous last dimension to be scaled in place")
+        if grad_logits.numel() > 0 and _may_overlap(grad_logits):
+            raise ValueError(f"{op}: grad_logits has elements that share memory, so it cannot be scaled in place")
+
+
+def bad_target_message(op, target, index, V, ignore_index):
+    """The error for the target at flat index `index` (reads it: a sync on a GPU)."""
+    where = [int(i) for i in torch.unravel_index(torch.tensor(index), target.shape)] if target.dim() else []
+    value = int(target.reshape(-1)[index])
+    return (
+        f"{op}: target[{', '.join(str(i) for i in where)}] = {value} is outside [0, {V}) and is not ignore_index "
+        f"({ignore_index})"
+    )
+
+
+def first_bad_target(target, V, ignore_index):
+    """Flat index of the first target outside [0, V) that is not ignore_index, or -1 (reads the
+    targets: a sync on a GPU)."""
+    bad = ((target < 0) | (target >= V)) & (target != ignore_index)
+    flat = bad.reshape(-1).nonzero()
+    return int(flat[0, 0]) if flat.numel() else -1
+
+
+# ---- fake kernels ----------------------------------------------------------------------------
+
+
+def _outputs_like(logits, target, reduction, compute_grad):
+    acc = acc_dtype(logits.dtype)
+    loss = logits.new_empty(target.shape if reduction == "none" else (), dtype=acc)
+    lse = logits.new_empty(target.shape, dtype=acc)
+    grad = logits.new_empty(logits.shape if compute_grad else (0,))
+    bad = logits.new_empty((), dtype=torch.int64)
+    return loss, lse, grad, bad
+
+
+@torch.library.register_fake("fusedops::cross_entropy")
+def _forward_fake(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                  z_loss=0.0, softcap=None, compute_grad=False):
+    check("cross_entropy", logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    return _outputs_like(logits, target, reduction, compute_grad)
+
+
+@torch.library.register_fake("fusedops::cross_entropy_")
+def _forward_inplace_fake(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                          z_loss=0.0, softcap=None):
+    check("cross_entropy_", logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
+          in_place=True)
+    loss, lse, _grad, bad = _outputs_like(logits, target, reduction, False)
+    return loss, lse, bad
+
+
+@torch.library.register_fake("fusedops::cross_entropy_backward")
+def _backward_fake(grad_output, grad_logits):
+    check_backward(grad_output, grad_logits)
+    return grad_logits.new_empty(grad_logits.shape)
+
+
+@torch.library.register_fake("fusedops::cross_entropy_backward_")
+def _backward_inplace_fake(grad_output, grad_logits):
+    check_backward(grad_output, grad_logits, op="cross_entropy_backward_")
+
+
+# ---- autograd ------------------------------------------------------------------------------
+
+_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+
+
+def _may_scale_in_place(grad_output, grad):
+    """Whether this backward may scale the saved gradient where it is: an eager backward (real
+    tensors, grad mode off) that frees the graph after it, so nothing can read the saved
+    gradient again. Without the engine's query (older torch) it never does."""
+    return (
+        _keep_graph is not None
+        and not torch.is_grad_enabled()
+        and type(grad) is torch.Tensor
+        and type(grad_output) is torch.Tensor
+        and not _keep_graph()
+    )
+
+
+def scale(grad_output, grad):
+    """grad_output times the forward's gradient `grad`: in place when nothing can read `grad`
+    again, else a new tensor."""
+    if _may_scale_in_place(grad_output, grad):
+        with _direct.BelowAutograd():
+            backward_(grad_output, grad)
+        return grad
+    if not torch.is_grad_enabled():
+        with _direct.BelowAutograd():
+            return backward(grad_output, grad)
+    if type(grad) is not torch.Tensor or type(grad_output) is not torch.Tensor:
+        # Traced (torch.compile): the backward op's own autograd says double backward is not
+        # supported if anything differentiates through it.
+        return backward(grad_output, grad)
+    # Eager create_graph=True: the gradient depends on the logits (through the softmax), but
+    # nothing saved here carries their graph; the result is marked so that differentiating it
+    # raises.
+    return _Undifferentiable.apply(backward(grad_output, grad), _graph_anchor(grad.device))
+
+
+class _Undifferentiable(torch.autograd.Function):
+    """Identity on its first input; its backward raises (double backward is not supported)."""
+
+    @staticmethod
+    def forward(ctx, t, _anchor):
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            "fusedops.cross_entropy does not support double backward (create_graph=True through its backward)"
+        )
+
+
+_anchors = {}
+
+
+def _graph_anchor(device):
+    """An empty leaf that requires grad: gives _Undifferentiable's output a grad_fn."""
+    anchor = _anchors.get(device)
+    if anchor is None:
+        anchor = _anchors[device] = torch.empty(0, device=device, requires_grad=True)
+    return anchor
+
+
+def _refuse_weight_grad(weight, grad_mode=True):
+    if weight is not None and weight.requires_grad and (not grad_mode or torch.is_grad_enabled()):
+        raise NotImplementedError(
+            "fusedops.cross_entropy: gradients with respect to weight are not supported (torch.nn.functional."
+            "cross_entropy has none either); pass weight.detach()"
+        )
+
+
+def _lse_grad_error():
+    return NotImplementedError(
+        "fusedops.cross_entropy: gradients through the lse output are not supported (it is a statistic; "
+        "detach it)"
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    weight = inputs[2] if len(inputs) > 2 else None
+    compute_grad = inputs[8] if len(inputs) > 8 else False
+    _refuse_weight_grad(weight, grad_mode=False)
+    _loss, lse, grad, bad = output
+    ctx.compute_grad = compute_grad
+    ctx.save_for_backward(grad)
+    ctx.mark_non_differentiable(lse, grad, bad)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_loss, grad_lse, _grad_grad, _grad_bad):
+    if grad_lse is not None:
+        raise _lse_grad_error()
+    if grad_loss is None or not ctx.needs_input_grad[0]:
+        return (None,) * 9
+    if not ctx.compute_grad:
+        raise RuntimeError(
+            "fusedops::cross_entropy was called with compute_grad=False, so it has no gradient to give; pass "
+            "compute_grad=True when the logits need one (fusedops.cross_entropy does)"
+        )
+    (grad,) = ctx.saved_tensors
+    return (scale(grad_loss, grad),) + (None,) * 8
+
+
+torch.library.register_autograd("fusedops::cross_entropy", _backward, setup_context=_setup_context)
+_direct.register_no_double_backward("fusedops::cross_entropy_backward", "fusedops.cross_entropy")
+
+_forward_entry = forward._op
+_forward_inplace_entry = forward_._op
+
+
+class _Function(torch.autograd.Function):
+    """The public function's autograd path without the detour through the dispatcher (see
+    ops/_direct.py): the forward computes the gradient, the backward scales it."""
+
+    @staticmethod
+    def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap):
+        with _direct.BelowAutograd():
+            loss, lse, grad, bad = _forward_entry(
+                logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, True
+            )
+        ctx.save_for_backward(grad)
+        ctx.mark_non_differentiable(lse, bad)
+        ctx.set_materialize_grads(False)
+        return loss, lse, bad
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_lse, _grad_bad):
+        if grad_lse is not None:
+            raise _lse_grad_error()
+        if grad_loss is None:
+            return (None,) * 8
+        (grad,) = ctx.saved_tensors
+        return (scale(grad_loss, grad),) + (None,) * 7
+
+
+class _InplaceFunction(torch.autograd.Function):
+    """cross_entropy_ with autograd: the gradient is written into the logits, which autograd then
+    keeps (the same memory) and scales in the backward. The logits' version counter is bumped,
+    so a backward that needs their old values (another op that saved them) raises instead of
+    computing with the gradient."""
+
+    @staticmethod
+    def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap):
+        with _direct.BelowAutograd():
+            loss, lse, bad = _forward_inplace_entry(
+                logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
+            )
+        torch.autograd.graph.increment_version(logits)
+        ctx.save_for_backward(logits)
+        ctx.mark_non_differentiable(lse, bad)
+        ctx.set_materialize_grads(False)
+        return loss, lse, bad
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_lse, _grad_bad):
+        if grad_lse is not None:
+            raise _lse_grad_error()
+        if grad_loss is None:
+            return (None,) * 8
+        (grad,) = ctx.saved_tensors
+        return (scale(grad_loss, grad),) + (None,) * 7
+
+
+_apply_function = _direct.bind_apply(_Function)
+_apply_inplace = _direct.bind_apply(_InplaceFunction)
+_unwrap = _direct.unwrap_if_dead
+
+
+def direct(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0,
+           softcap=None):
+    """(loss, bad_target) of ``forward(...)`` with autograd, where ``_direct.direct_call_allowed()``.
+    The gradient is computed (and its buffer allocated) only when the logits need one."""
+    if torch.is_grad_enabled() and logits.requires_grad:
+        _refuse_weight_grad(weight)
+        loss, _lse, bad = _apply_function(
+            _unwrap(logits), target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
+        )
+        return loss, bad
+    with _direct.BelowAutograd():
+        loss, _lse, _grad, bad = _forward_entry(
+            logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, False
+        )
+    return loss, bad
+
+
+def direct_inplace(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                   z_loss=0.0, softcap=None):
+    """(loss, bad_target) of ``forward_(...)``: the gradient goes into the logits."""
+    _refuse_weight_grad(weight)
+    loss, _lse, bad = _apply_inplace(
+        _unwrap(logits), target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
+    )
+    return loss, bad
+
+
+_lib = torch.library.Library("fusedops", "IMPL")
+
+
+def _inplace_autograd(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                      z_loss=0.0, softcap=None):
+    # The Autograd kernel of the in-place form: the same Function as the public function's.
+    if torch.is_grad_enabled() and logits.requires_grad:
+        _refuse_weight_grad(weight)
+        return _InplaceFunction.apply(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    with _direct.BelowAutograd():
+        out = forward_(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    torch.autograd.graph.increment_version(logits)
+    return out
+
+
+def _backward_inplace_autograd(grad_output, grad_logits):
+    # A backward building block with no gradient of its own; the mutation is recorded.
+    with _direct.BelowAutograd():
+        backward_(grad_output, grad_logits)
+    torch.autograd.graph.increment_version(grad_logits)
+
+
+_lib.impl("cross_entropy_", _inplace_autograd, "Autograd")
+_lib.impl("cross_entropy_backward_", _backward_inplace_autograd, "Autograd")
+
+
+# ---- Triton, for CUDA tensors when the CUDA kernels do not serve them (ops/__init__.py) -------
+
+
+def _triton_forward(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                    z_loss=0.0, softcap=None, compute_grad=False):
+    check("cross_entropy", logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    from ..triton import cross_entropy as kernels
+
+    loss, lse, grad, bad = _outputs_like(logits, target, reduction, compute_grad)
+    kernels.forward(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
+                    loss, lse, grad if compute_grad else None, bad)
+    return loss, lse, grad, bad
+
+
+def _triton_forward_inplace(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                            z_loss=0.0, softcap=None):
+    check("cross_entropy_", logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
+          in_place=True)
+    from ..triton import cross_entropy as kernels
+
+    loss, lse, _grad, bad = _outputs_like(logits, target, reduction, False)
+    kernels.forward(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
+                    loss, lse, logits, bad)
+    return loss, lse, bad
+
+
+def _triton_backward(grad_output, grad_logits):
+    check_backward(grad_output, grad_logits)
+    from ..triton import cross_entropy as kernels
+
+    out = grad_logits.new_empty(grad_logits.shape)
+    kernels.scale(grad_output, grad_logits, out, in_place=False)
+    return out
+
+
+def _triton_backward_inplace(grad_output, grad_logits):
+    check_backward(grad_output, grad_logits, op="cross_entropy_backward_")
+    from ..triton import cross_entropy as kernels
+
+    kernels.scale(grad_output, grad_logits, grad_logits, in_place=True)
+
+
+TRITON_IMPLS = {
+    "cross_entropy": _triton_forward,
+    "cross_entropy_": _triton_forward_inplace,
+    "cross_entropy_backward": _triton_backward,
+    "cross_entropy_backward_": _triton_backward_inplace,
+}
+

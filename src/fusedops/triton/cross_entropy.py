@@ -1,0 +1,325 @@
+"""Triton cross-entropy: the loss, each row's log-sum-exp and the gradient of the loss (the
+forward), and the backward's scaling of that gradient by grad_output.
+
+What is computed is stated in csrc/include/fusedops/cross_entropy.h; every backend agrees.
+
+Launches of the forward:
+1. one program over the targets, in order: the "mean" denominators (the weights of the rows
+   not ignored, and their count) and the first target outside [0, V) that is not ignore_index;
+2. one program per row: an online-softmax sweep over the row (maximum, sum of exp, weighted
+   sum of the logits), then, when a gradient is wanted, a second sweep that reads the row again
+   (mostly from L2) and writes the gradient; ignored rows write zeros without reading;
+3. for "mean"/"sum", one program adding the per-row losses in row order (deterministic).
+A bad target is never used as an index: its row counts with weight NaN.
+
+Rows are addressed through at most two leading dimensions with their own strides (the shifted
+logits[:, :-1] of a (B, T, V) tensor is read in place); more leading dimensions that do not
+collapse into two are copied first.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._norm import _device_guard
+
+__all__ = ["forward", "scale"]
+
+# The interpreter (tests on a machine without a GPU) runs a block as numpy arrays: a small block
+# there takes the multi-block loops on the small shapes those tests can afford.
+_MAX_BLOCK = 64 if os.environ.get("TRITON_INTERPRET") == "1" else 4096
+
+
+@triton.jit
+def _targets_kernel(target_ptr, weight_ptr, stats_ptr, bad_ptr, R, V, ignore_index,
+                    HAS_WEIGHT: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, W_BLOCK: tl.constexpr):
+    # stats: (sum of w_t over rows not ignored, their count, sum of all class weights).
+    dw = tl.zeros([BLOCK], ACC)
+    dn = tl.zeros([BLOCK], ACC)
+    first = tl.full([BLOCK], 0, tl.int64) + R
+    for start in range(0, R, BLOCK):
+        offs = start + tl.arange(0, BLOCK).to(tl.int64)
+        mask = offs < R
+        t = tl.load(target_ptr + offs, mask=mask, other=ignore_index).to(tl.int64)
+        valid = (t >= 0) & (t < V)
+        counted = mask & (t != ignore_index)
+        bad = counted & ~valid
+        if HAS_WEIGHT:
+            w = tl.load(weight_ptr + tl.where(valid, t, 0), mask=counted & valid, other=0.0).to(ACC)
+        else:
+            w = tl.full([BLOCK], 1.0, ACC)
+        w = tl.where(bad, float("nan"), w)
+        dw += tl.where(counted, w, 0.0)
+        dn += tl.where(counted, 1.0, 0.0)
+        first = tl.minimum(first, tl.where(bad, offs, R))
+    ws = tl.zeros([W_BLOCK], ACC)
+    if HAS_WEIGHT:
+        for start in range(0, V, W_BLOCK):
+            offs = start + tl.arange(0, W_BLOCK)
+            ws += tl.load(weight_ptr + offs, mask=offs < V, other=0.0).to(ACC)
+    tl.store(stats_ptr, tl.sum(dw, 0))
+    tl.store(stats_ptr + 1, tl.sum(dn, 0))
+    tl.store(stats_ptr + 2, tl.sum(ws, 0))
+    f = tl.min(first, 0)
+    tl.store(bad_ptr, tl.where(f == R, -1, f))
+
+
+@triton.jit
+def _softcapped(v, cap, SOFTCAP: tl.constexpr):
+    if SOFTCAP:
+        # tanh from exp, odd-symmetric so that large |v| saturates without overflow.
+        u = v / cap
+        e = tl.exp(-2.0 * tl.abs(u))
+        th = (1.0 - e) / (1.0 + e)
+        v = cap * tl.where(u < 0, -th, th)
+    return v
+
+
+@triton.jit
+def _row_kernel(
+    x_ptr, target_ptr, weight_ptr, stats_ptr, lse_ptr, rowloss_ptr, grad_ptr,
+    T1, xs0, xs1, G1, gs0, gs1, V, ignore_index,
+    eps, eps_lo, z, z_lo, cap, cap_lo,
+    MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, SOFTCAP: tl.constexpr, GRAD: tl.constexpr,
+    ACC: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    # Float arguments arrive as float32: each option comes as a float32 pair (value, rest),
+    # whose sum is the double to about 48 bits, for the float64 kernels.
+    eps = tl.cast(eps, ACC) + tl.cast(eps_lo, ACC)
+    z = tl.cast(z, ACC) + tl.cast(z_lo, ACC)
+    cap = tl.cast(cap, ACC) + tl.cast(cap_lo, ACC)
+    b = row // T1
+    x_row = x_ptr + b * xs0 + (row - b * T1) * xs1
+    bg = row // G1
+    g_row = grad_ptr + bg * gs0 + (row - bg * G1) * gs1
+    t = tl.load(target_ptr + row).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    if t == ignore_index:
+        tl.store(lse_ptr + row, 0.0)
+        tl.store(rowloss_ptr + row, 0.0)
+        if GRAD:
+            for start in range(0, V, BLOCK):
+                c = start + cols
+                tl.store(g_row + c, tl.zeros([BLOCK], ACC).to(grad_ptr.dtype.element_ty), mask=c < V)
+    else:
+        valid = (t >= 0) & (t < V)
+        ts = tl.where(valid, t, 0)
+        m = tl.full([BLOCK], float("-inf"), ACC)
+        s = tl.zeros([BLOCK], ACC)
+        wx = tl.zeros([BLOCK], ACC)
+        for start in range(0, V, BLOCK):
+            c = start + cols
+            mask = c < V
+            v = _softcapped(tl.load(x_row + c, mask=mask, other=0.0).to(ACC), cap, SOFTCAP)
+            v_m = tl.where(mask, v, float("-inf"))
+            m_new = tl.maximum(m, v_m)
+            # Lanes still at -inf (no element yet) keep a zero sum: exp(-inf - -inf) is NaN.
+            alpha = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
+            s = s * alpha + tl.where(v_m > float("-inf"), tl.exp(v_m - m_new), 0.0)
+            m = m_new
+            if HAS_WEIGHT:
+                wx += tl.where(mask, tl.load(weight_ptr + c, mask=mask, other=0.0).to(ACC) * v, 0.0)
+            else:
+                wx += tl.where(mask, v, 0.0)
+        mx = tl.max(m, 0)
+        scale = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx))
+        lse = mx + tl.log(tl.sum(s * scale, 0))
+        wx_sum = tl.sum(wx, 0)
+        xt = _softcapped(tl.load(x_row + ts).to(ACC), cap, SOFTCAP)
+        if HAS_WEIGHT:
+            wt = tl.load(weight_ptr + ts).to(ACC)
+            w_sum = tl.load(stats_ptr + 2)
+        else:
+            wt = tl.full([], 1.0, ACC)
+            w_sum = tl.full([], 1.0, ACC) * V
+        wt = tl.where(valid, wt, float("nan"))
+        inv_v = 1.0 / (V + tl.zeros([], ACC))  # (V == 1 arrives as a constant, not a tensor)
+        ce = (1.0 - eps) * wt * (lse - xt)
+        if eps > 0:  # (with -inf logits the smoothing term is 0 * inf)
+            ce += eps * inv_v * (w_sum * lse - wx_sum)
+        zl = z * lse * lse
+        if MEAN:
+            sw = 1.0 / tl.load(stats_ptr).to(ACC)
+            sn = 1.0 / tl.load(stats_ptr + 1).to(ACC)
+        else:
+            sw = tl.full([], 1.0, ACC)
+            sn = tl.full([], 1.0, ACC)
+        tl.store(lse_ptr + row, lse)
+        tl.store(rowloss_ptr + row, ce * sw + zl * sn)
+        if GRAD:
+            # In place the gradient overwrites the row, the target's logit included: every
+            # thread's reads above come before any store below.
+            tl.debug_barrier()
+            cp = ((1.0 - eps) * wt + eps * w_sum * inv_v) * sw + 2.0 * z * lse * sn
+            ct = (1.0 - eps) * wt * sw
+            cw = eps * inv_v * sw
+            for start in range(0, V, BLOCK):
+                c = start + cols
+                mask = c < V
+                v = _softcapped(tl.load(x_row + c, mask=mask, other=0.0).to(ACC), cap, SOFTCAP)
+                d = tl.exp(v - lse) * cp
+                if HAS_WEIGHT:
+                    d -= cw * tl.load(weight_ptr + c, mask=mask, other=0.0).to(ACC)
+                else:
+                    d -= cw
+                d -= tl.where(c == t, ct, 0.0)
+                if SOFTCAP:
+                    u = v / cap
+                    d *= 1.0 - u * u
+                tl.store(g_row + c, d.to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sum_kernel(rowloss_ptr, stats_ptr, loss_ptr, R, MEAN: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    acc = tl.zeros([BLOCK], ACC)
+    for start in range(0, R, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(rowloss_ptr + offs, mask=offs < R, other=0.0)
+    total = tl.sum(acc, 0)
+    if MEAN:
+        # Every row ignored: 0 / 0, as torch.
+        total = tl.where(tl.load(stats_ptr + 1) == 0, float("nan"), total)
+    tl.store(loss_ptr, total)
+
+
+@triton.jit
+def _scale_row(g_ptr, out_ptr, row, k, T1, gs0, gs1, O1, os0, os1, V, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    b = row // T1
+    bo = row // O1
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = c < V
+    g = tl.load(g_ptr + b * gs0 + (row - b * T1) * gs1 + c, mask=mask, other=0.0).to(ACC)
+    tl.store(out_ptr + bo * os0 + (row - bo * O1) * os1 + c, (g * k).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scale_kernel(g_ptr, out_ptr, go_ptr, T1, gs0, gs1, O1, os0, os1, V,
+                  PER_ROW: tl.constexpr, IN_PLACE: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    if PER_ROW:
+        k = tl.load(go_ptr + row).to(ACC)
+    else:
+        k = tl.load(go_ptr).to(ACC)
+    if IN_PLACE:
+        # A scale of exactly 1 leaves the row as it is (loss.backward() passes 1).
+        if k != 1.0:
+            _scale_row(g_ptr, out_ptr, row, k, T1, gs0, gs1, O1, os0, os1, V, ACC, BLOCK)
+    else:
+        _scale_row(g_ptr, out_ptr, row, k, T1, gs0, gs1, O1, os0, os1, V, ACC, BLOCK)
+
+
+def _two_level_rows(t: Tensor):
+    """(T1, stride0, stride1) addressing t's rows as row = b * T1 + tt, or None when its leading
+    dimensions do not collapse into two (fusedops/rows.h's rule: size-1 dims dropped,
+    neighbours that are contiguous with each other merged)."""
+    dims = []
+    for size, stride in zip(t.shape[:-1], t.stride()[:-1]):
+        if size == 1:
+            continue
+        if dims and dims[-1][1] == stride * size:
+            dims[-1] = (dims[-1][0] * size, stride)
+        else:
+            dims.append((size, stride))
+    if len(dims) > 2:
+        return None
+    if not dims:
+        return 1, 0, 0
+    if len(dims) == 1:
+        return dims[0][0], 0, dims[0][1]
+    return dims[1][0], dims[0][1], dims[1][1]
+
+
+def _split(v: float):
+    """v as a float32 value and the float32 rounding of what is left."""
+    hi = _to_f32(v)
+    return hi, _to_f32(v - hi)
+
+
+def _to_f32(v: float) -> float:
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+def _block(V: int) -> int:
+    return min(triton.next_power_of_2(max(V, 1)), _MAX_BLOCK)
+
+
+def forward(logits: Tensor, target: Tensor, weight: Optional[Tensor], ignore_index: int, reduction: str,
+            label_smoothing: float, z_loss: float, softcap: Optional[float], loss: Tensor, lse: Tensor,
+            grad: Optional[Tensor], bad: Tensor) -> None:
+    """Fills loss, lse, bad (and grad: a new contiguous tensor, or the logits themselves in
+    place) as csrc/include/fusedops/cross_entropy.h states."""
+    V = logits.shape[-1]
+    R = target.numel()
+    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    tl_acc = tl.float64 if acc == torch.float64 else tl.float32
+    in_place = grad is not None and grad.data_ptr() == logits.data_ptr() and grad.shape == logits.shape
+    x = logits if V == 1 or logits.stride(-1) == 1 else logits.contiguous()
+    rows = _two_level_rows(x)
+    if rows is None:
+        x = x.contiguous()
+        rows = _two_level_rows(x)
+    target = target.contiguous()
+    weight = weight.contiguous() if weight is not None else None
+    with _device_guard(logits.device):
+        stats = torch.empty(3, dtype=acc, device=logits.device)
+        if R == 0:
+            bad.fill_(-1)
+            loss.fill_(float("nan") if reduction == "mean" else 0.0)
+            return
+        block_t = min(triton.next_power_of_2(R), 1024)
+        _targets_kernel[(1,)](target, weight if weight is not None else stats, stats, bad, R, V, ignore_index,
+                              HAS_WEIGHT=weight is not None, ACC=tl_acc, BLOCK=block_t,
+                              W_BLOCK=min(triton.next_power_of_2(V), 1024))
+        g = grad
+        if g is not None and in_place and x.data_ptr() != logits.data_ptr():
+            g = x  # written into the copy the kernel reads, copied back below
+        g_rows = _two_level_rows(g) if g is not None else (1, 0, 0)
+        rowloss = loss if reduction == "none" else torch.empty(R, dtype=acc, device=logits.device)
+        _row_kernel[(R,)](
+            x, target, weight if weight is not None else stats, stats, lse, rowloss,
+            g if g is not None else stats,
+            rows[0], rows[1], rows[2], g_rows[0], g_rows[1], g_rows[2], V, ignore_index,
+            *_split(label_smoothing), *_split(z_loss), *_split(softcap or 1.0),
+            MEAN=reduction == "mean", HAS_WEIGHT=weight is not None, SOFTCAP=softcap is not None,
+            GRAD=g is not None, ACC=tl_acc, BLOCK=_block(V), num_warps=8 if V >= 4096 else 4,
+        )
+        if reduction != "none":
+            _sum_kernel[(1,)](rowloss, stats, loss, R, MEAN=reduction == "mean", ACC=tl_acc,
+                              BLOCK=min(triton.next_power_of_2(R), 1024))
+        if g is not None and g.data_ptr() != grad.data_ptr():
+            grad.copy_(g)
+
+
+def scale(grad_output: Tensor, grad: Tensor, out: Tensor, in_place: bool) -> None:
+    """out = grad * grad_output (one scale, or one per row); in place, rows whose scale is 1 are
+    not touched."""
+    V = grad.shape[-1]
+    R = grad.numel() // V if V else 0
+    if R == 0 or V == 0:
+        return
+    acc = torch.float64 if grad.dtype == torch.float64 else torch.float32
+    g = grad if V == 1 or grad.stride(-1) == 1 else grad.contiguous()
+    rows = _two_level_rows(g)
+    if rows is None:
+        g = g.contiguous()
+        rows = _two_level_rows(g)
+    target = out if not in_place or g.data_ptr() == out.data_ptr() else g
+    o_rows = _two_level_rows(target)
+    go = grad_output.contiguous()
+    block = _block(V)
+    with _device_guard(grad.device):
+        _scale_kernel[(R, triton.cdiv(V, block))](
+            g, target, go, rows[0], rows[1], rows[2], o_rows[0], o_rows[1], o_rows[2], V,
+            PER_ROW=grad_output.dim() > 0, IN_PLACE=in_place,
+            ACC=tl.float64 if acc == torch.float64 else tl.float32, BLOCK=block,
+        )
+    if target is not out:
+        out.copy_(target)

@@ -1,0 +1,394 @@
+"""cross_entropy beyond the generic suites: the backward's scaling by any grad_output (one value,
+or one per row with rows at exactly 1), retain_graph, the in-place gradient mode (aliasing,
+version counter, what is allocated), bad targets (CPU error, GPU eager error, never an
+out-of-bounds read), torch's edge cases (every row ignored), the nn module as a drop-in, and
+torch.compile without graph breaks. GPU-only behaviour (wide rows through the cluster kernels,
+peak memory) is marked gpu."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusedops
+from fusedops.ops import cross_entropy as ce_op
+from fusedops.testing.cross_entropy import reference
+from conftest import HAS_CUDA, NO_GPU_REASON, device_params
+
+DEVICES = device_params()
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)]
+
+
+def _problem(device, dtype=torch.float32, shape=(6, 50), ignore=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (3 * torch.randn(shape, generator=g)).to(device=device, dtype=dtype).requires_grad_()
+    t = torch.randint(0, shape[-1], shape[:-1], generator=g).to(device)
+    if ignore:
+        t.view(-1)[::4] = -100
+    return x, t
+
+
+def _ref_grad(x, t, grad_output, **kw):
+    xd = x.detach().double().requires_grad_()
+    loss = reference(xd, t, **kw)
+    (g,) = torch.autograd.grad(loss, xd, grad_output.double())
+    return loss, g
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("scale", [2.5, -0.75, 0.0])
+def test_backward_scales_by_grad_output(device, reduction, scale):
+    """A grad_output other than 1 scales the gradient the forward computed (compared relative to
+    the gradient's size: "mean" divides it by the row count)."""
+    x, t = _problem(device)
+    kw = dict(weight=torch.rand(50, device=device) + 0.5, reduction=reduction, label_smoothing=0.1, z_loss=0.01)
+    loss = fusedops.cross_entropy(x, t, **kw)
+    go = torch.tensor(scale, device=device)
+    (g,) = torch.autograd.grad(loss, x, go)
+    _, rg = _ref_grad(x, t, go, **kw)
+    norm = max(rg.abs().max().item(), 1e-30)
+    torch.testing.assert_close(g.double() / norm, rg / norm, atol=1e-6, rtol=1e-5)
+    if scale == 0.0:
+        assert torch.all(g == 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reduction_none_per_row_grad_output(device):
+    """reduction="none": each row scaled by its own grad_output, rows at exactly 1 included (the
+    in-place scaling skips those rows: they must still hold the right values), ignored rows 0."""
+    x, t = _problem(device, shape=(2, 4, 40))
+    loss = fusedops.cross_entropy(x, t, reduction="none", softcap=4.0)
+    assert loss.shape == t.shape
+    go = torch.tensor([[1.0, 2.0, 1.0, -1.0], [0.5, 1.0, 1.0, 3.0]], device=device)
+    (g,) = torch.autograd.grad(loss, x, go)
+    rl, rg = _ref_grad(x, t, go, reduction="none", softcap=4.0)
+    torch.testing.assert_close(loss.double(), rl, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(g.double(), rg, atol=1e-6, rtol=1e-5)
+    assert torch.all(g.view(-1, 40)[t.view(-1) == -100] == 0)
+    # loss.sum().backward() passes an expanded grad_output of ones: every row skipped, still right.
+    x2 = x.detach().clone().requires_grad_()
+    fusedops.cross_entropy(x2, t, reduction="none", softcap=4.0).sum().backward()
+    _, rg1 = _ref_grad(x, t, torch.ones_like(go), reduction="none", softcap=4.0)
+    torch.testing.assert_close(x2.grad.double(), rg1, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("inplace_grad", [False, True])
+def test_retain_graph(device, inplace_grad):
+    """With retain_graph the backward scales into a new tensor: a second backward through the same
+    graph gets the same gradient, and the first one's result is not changed by it."""
+    x, t = _problem(device)
+    h = x * 1.0  # (the in-place mode writes into a non-leaf, as an lm_head output)
+    loss = fusedops.cross_entropy(h, t, inplace_grad=inplace_grad)
+    (g1,) = torch.autograd.grad(loss, x, torch.tensor(3.0, device=device), retain_graph=True)
+    kept = g1.clone()
+    (g2,) = torch.autograd.grad(loss, x, torch.tensor(3.0, device=device), retain_graph=True)
+    (g3,) = torch.autograd.grad(loss, x, torch.tensor(-2.0, device=device))
+    assert torch.equal(g1, kept) and torch.equal(g1, g2)
+    torch.testing.assert_close(g3, g1 * (-2.0 / 3.0), atol=1e-7, rtol=1e-6)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        torch.autograd.grad(loss, x)
+    # loss.backward() twice with retain_graph accumulates twice the gradient.
+    x.grad = None
+    loss = fusedops.cross_entropy(x * 1.0, t, inplace_grad=inplace_grad)
+    loss.backward(retain_graph=True)
+    once = x.grad.clone()
+    loss.backward()
+    torch.testing.assert_close(x.grad, 2 * once)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_double_backward_and_weight_grad_raise(device):
+    x, t = _problem(device)
+    loss = fusedops.cross_entropy(x, t)
+    (g,) = torch.autograd.grad(loss, x, create_graph=True)  # create_graph itself works
+    _, rg = _ref_grad(x, t, torch.tensor(1.0))
+    torch.testing.assert_close(g.double(), rg, atol=1e-6, rtol=1e-5)
+    with pytest.raises(NotImplementedError, match="does not support double backward"):
+        g.sum().backward()
+    w = torch.rand(50, device=device, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="gradients with respect to weight are not supported"):
+        fusedops.cross_entropy(x, t, weight=w)
+    # A detached weight, or no grad mode, is fine.
+    fusedops.cross_entropy(x, t, weight=w.detach())
+    with torch.no_grad():
+        fusedops.cross_entropy(x, t, weight=w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_registered_op_without_compute_grad(device):
+    """torch.ops.fusedops.cross_entropy called directly with compute_grad=False has no gradient
+    to give: a clear error, not a wrong gradient."""
+    x, t = _problem(device)
+    loss = torch.ops.fusedops.cross_entropy(x, t)[0]
+    with pytest.raises(RuntimeError, match="compute_grad=False"):
+        loss.backward()
+    loss, lse, grad, bad = torch.ops.fusedops.cross_entropy(x, t, compute_grad=True)
+    assert int(bad) == -1 and grad.shape == x.shape and not lse.requires_grad
+    loss.backward()
+    _, rg = _ref_grad(x, t, torch.tensor(1.0))
+    torch.testing.assert_close(x.grad.double(), rg, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_gradient_buffer_without_grad(device, monkeypatch):
+    """The gradient is computed (its buffer allocated) only when the logits need one."""
+    seen = []
+    real = ce_op._forward_entry
+
+    def spy(*args):
+        seen.append(args[8])
+        return real(*args)
+
+    monkeypatch.setattr(ce_op, "_forward_entry", spy)
+    x, t = _problem(device)
+    fusedops.cross_entropy(x.detach(), t)
+    with torch.no_grad():
+        fusedops.cross_entropy(x, t)
+    fusedops.cross_entropy(x, t)
+    assert seen == [False, False, True]
+    assert torch.ops.fusedops.cross_entropy(x.detach(), t)[2].numel() == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_inplace_grad_mode(device, reduction):
+    """inplace_grad=True: the same loss and gradients; the gradient handed to the logits' producer
+    is the logits' own memory; the logits' version counter is bumped."""
+    x, t = _problem(device, shape=(8, 64))
+    w = torch.randn(64, 64, device=device, requires_grad=True)
+    logits = x @ w
+    ptr = logits.data_ptr()
+    seen = []
+    logits.register_hook(lambda g: seen.append(g.data_ptr()))
+    version = logits._version
+    loss = fusedops.cross_entropy(logits, t, reduction=reduction, inplace_grad=True, label_smoothing=0.1)
+    assert logits._version > version
+    go = torch.rand_like(loss) + 0.5
+    gx, gw = torch.autograd.grad(loss, (x, w), go)
+    assert seen == [ptr]
+    x2, w2 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = reference(x2 @ w2, t, reduction=reduction, label_smoothing=0.1)
+    torch.testing.assert_close(loss.double(), ref, atol=1e-4, rtol=1e-5)
+    rgx, rgw = torch.autograd.grad(ref, (x2, w2), go.double())
+    torch.testing.assert_close(gx.double(), rgx, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(gw.double(), rgw, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inplace_grad_mode_refuses_saved_logits(device):
+    """An op that saved the logits would see the gradient instead: autograd raises."""
+    x, t = _problem(device)
+    logits = x * 1.0
+    side = logits.sin().sum()  # sin saves its input
+    loss = fusedops.cross_entropy(logits, t, inplace_grad=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (loss + side).backward()
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 33), (4, 128256), (2, 262152)], ids=["small", "cluster", "sweep"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_inplace_op_writes_gradient(device, shape):
+    """cross_entropy_ leaves in the logits exactly the gradient cross_entropy returns, and the
+    same loss (the target's logit is read before the row is overwritten)."""
+    if device == "cpu" and shape != (3, 5, 33):
+        pytest.skip("the wide rows exercise the GPU's cluster and sweep kernels")
+    x, t = _problem(device, shape=shape, dtype=torch.float32 if shape[-1] == 33 else torch.bfloat16)
+    x = x.detach()
+    w = torch.rand(shape[-1], device=device)
+    for opts in ((w, -100, "sum", 0.2, 0.01, 3.0), (None, -100, "none", 0.0, 0.0, None)):
+        expected = torch.ops.fusedops.cross_entropy(x, t, *opts, True)
+        y = x.clone()
+        got = torch.ops.fusedops.cross_entropy_(y, t, *opts)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+        assert torch.equal(y, expected[2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_all_ignored_mean_is_nan_like_torch(device):
+    x, t = _problem(device)
+    t = torch.full_like(t, -100)
+    loss = fusedops.cross_entropy(x, t)
+    ref = F.cross_entropy(x.detach(), t)
+    assert torch.isnan(loss) and torch.isnan(ref)
+    loss.backward()
+    xr = x.detach().clone().requires_grad_()
+    F.cross_entropy(xr, t).backward()
+    assert torch.equal(x.grad, xr.grad)  # zeros, as torch's
+    assert fusedops.cross_entropy(x, t, reduction="sum").item() == 0.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_weight_mean_like_torch(device):
+    """Weights that are 0 for every kept target: 0 / 0 under "mean", as torch."""
+    x, t = _problem(device, ignore=False)
+    w = torch.ones(50, device=device)
+    w[t] = 0
+    assert torch.isnan(fusedops.cross_entropy(x, t, weight=w)) and torch.isnan(F.cross_entropy(x, t, weight=w))
+
+
+def test_bad_target_cpu():
+    x, t = _problem("cpu")
+    t[1] = 50
+    with pytest.raises(ValueError, match=r"target\[1\] = 50 is outside \[0, 50\) and is not ignore_index \(-100\)"):
+        fusedops.cross_entropy(x, t)
+    with pytest.raises(ValueError, match=r"target\[1\] = 50 is outside"):
+        fusedops.cross_entropy(x, t, check_target=False)  # the CPU kernel always checks
+
+
+def test_z_loss_and_weights_follow_liger():
+    """The z-term is z * lse^2 per row not ignored, unweighted, divided by the count of those rows
+    under "mean" (Liger-Kernel's definition) while the weighted cross-entropy is divided by the sum
+    of their weights (torch's)."""
+    x, t = _problem("cpu", dtype=torch.float64)
+    w = torch.rand(50, dtype=torch.float64) + 0.5
+    z = 0.1
+    got = fusedops.cross_entropy(x, t, weight=w, z_loss=z)
+    kept = t != -100
+    lse = torch.logsumexp(x.detach(), -1)
+    expected = F.cross_entropy(x.detach(), t, weight=w) + (z * lse[kept] ** 2).sum() / kept.sum()
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_float32_weight_with_other_logits(device, dtype):
+    """A float32 weight goes with logits of any dtype (read as float32, not as the logits' type)."""
+    x, t = _problem(device, dtype=dtype)
+    w = torch.rand(50, device=device) + 0.5
+    kw = dict(weight=w, label_smoothing=0.2, reduction="sum")
+    loss = fusedops.cross_entropy(x, t, **kw)
+    tol = 1e-10 if dtype == torch.float64 else 2e-2
+    torch.testing.assert_close(loss.double(), reference(x.detach().double(), t, **kw), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nn_module_drop_in(device):
+    """Same constructor (legacy arguments too), state_dict and repr as torch's; the same values
+    and gradients for (N, C) inputs; torch's state loads."""
+    w = torch.rand(30, device=device) + 0.5
+    for kwargs in [{}, {"weight": w}, {"ignore_index": 3, "reduction": "sum"}, {"label_smoothing": 0.2},
+                   {"reduction": "none", "weight": w, "label_smoothing": 0.1}, {"size_average": False}]:
+        mine, ref = fusedops.nn.CrossEntropyLoss(**kwargs), torch.nn.CrossEntropyLoss(**kwargs)
+        assert repr(mine) == repr(ref) and list(mine.state_dict()) == list(ref.state_dict())
+        assert mine.reduction == ref.reduction
+        mine.load_state_dict(ref.state_dict())
+        x = torch.randn(7, 30, device=device, requires_grad=True)
+        t = torch.randint(0, 30, (7,), device=device)
+        y, y_ref = mine(x, t), ref(x, t)
+        torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+        g = torch.rand_like(y)
+        torch.testing.assert_close(torch.autograd.grad(y, x, g)[0], torch.autograd.grad(y_ref, x, g)[0],
+                                   atol=1e-6, rtol=1e-5)
+    extra = fusedops.nn.CrossEntropyLoss(z_loss=1e-4, softcap=30.0)
+    assert "z_loss=0.0001" in repr(extra) and "softcap=30.0" in repr(extra)
+    # (B, T, V) with the class dimension last, where torch wants (B, V, T).
+    x = torch.randn(2, 5, 30, device=device)
+    t = torch.randint(0, 30, (2, 5), device=device)
+    torch.testing.assert_close(fusedops.nn.CrossEntropyLoss()(x, t), F.cross_entropy(x.transpose(1, 2), t))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("inplace_grad", [False, True])
+def test_compile_shifted_labels_no_graph_break(device, inplace_grad):
+    """A causal-LM loss (shifted rows of (B, T, V) logits) under torch.compile(fullgraph=True):
+    no graph break, the eager values and gradients (the in-place mode is ignored there)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+    def lm_loss(h, w, labels):
+        logits = h @ w
+        return fusedops.cross_entropy(logits[:, :-1], labels[:, 1:], z_loss=1e-3, inplace_grad=inplace_grad)
+
+    h = torch.randn(2, 6, 16, device=device, requires_grad=True)
+    w = torch.randn(16, 40, device=device, requires_grad=True)
+    labels = torch.randint(0, 40, (2, 6), device=device)
+    compiled = torch.compile(lm_loss, fullgraph=True)
+    got = compiled(h, w, labels)
+    expected = lm_loss(h, w, labels)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(torch.autograd.grad(got, (h, w)), torch.autograd.grad(expected, (h, w)))
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+# Widths: one block's registers (32000 bf16), clusters of 8 (128256 at 4 vectors a thread,
+# 256000 at 8), past a cluster (the sweep kernel), and widths no vector divides (the sweep's
+# scalar accesses).
+WIDE = [32000, 128256, 256000, 262152, 32001, 131073]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("V", WIDE)
+@pytest.mark.parametrize("ls_z_cap", [(0.0, 0.0, None), (0.1, 1e-4, 30.0)], ids=["plain", "options"])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_wide_rows(device, V, dtype, ls_z_cap):
+    ls, z, cap = ls_z_cap
+    x = (3 * torch.randn(5, V, device=device)).to(dtype).requires_grad_()
+    t = torch.randint(0, V, (5,), device=device)
+    t[2] = -100
+    w = torch.rand(V, device=device) + 0.5 if ls else None
+    kw = dict(weight=w, reduction="sum", label_smoothing=ls, z_loss=z, softcap=cap)
+    loss = fusedops.cross_entropy(x, t, **kw)
+    go = torch.tensor(1.5, device=device)
+    (g,) = torch.autograd.grad(loss, x, go)
+    rl, rg = _ref_grad(x, t, go, **kw)
+    tol = 2e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(loss.double(), rl, atol=tol * V ** 0.5, rtol=tol)
+    norm = rg.abs().max().item()
+    torch.testing.assert_close(g.double() / norm, rg / norm, atol=tol / 2, rtol=2 * tol)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_bad_target_gpu(device):
+    """Eager: a ValueError naming the value (one sync). check_target=False, CUDA-graph capture:
+    no error, the bad row's loss is NaN and nothing is read out of bounds (compute-sanitizer
+    runs this test)."""
+    x, t = _problem(device, shape=(2, 3, 64))
+    t[1, 2] = 1000
+    with pytest.raises(ValueError, match=r"target\[1, 2\] = 1000 is outside \[0, 64\) and is not ignore_index"):
+        fusedops.cross_entropy(x, t)
+    t2 = t.clone()
+    t2[1, 2] = -7
+    with pytest.raises(ValueError, match=r"target\[1, 2\] = -7 is outside"):
+        fusedops.cross_entropy(x.detach().clone().requires_grad_(), t2, inplace_grad=True)
+    loss = fusedops.cross_entropy(x, t, reduction="none", check_target=False)
+    assert torch.isnan(loss[1, 2]) and torch.isfinite(loss[0]).all()
+    (g,) = torch.autograd.grad(loss.sum(), x)
+    assert torch.isnan(g[1, 2]).all() and torch.isfinite(g[0]).all()
+    big = torch.full((4,), 2**40, device=device, dtype=torch.int64)
+    xs = torch.randn(4, 128256, device=device, dtype=torch.bfloat16)
+    assert torch.isnan(fusedops.cross_entropy(xs, big, check_target=False))
+    graph = torch.cuda.CUDAGraph()
+    fusedops.cross_entropy(x.detach(), t, check_target=False)  # warm up
+    with torch.cuda.graph(graph):
+        out = fusedops.cross_entropy(x.detach(), t)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(out)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+def test_peak_memory(device):
+    """Past the logits, forward+backward allocates one logits-sized gradient buffer, and none in
+    the in-place mode (the lm_head's own gradients, and per-row statistics, aside)."""
+    N, d, V = 2048, 64, 32000
+    t = torch.randint(0, V, (N,), device=device)
+    for inplace in (False, True):
+        h = torch.randn(N, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(d, V, device=device, dtype=torch.bfloat16, requires_grad=True)
+        logits = h @ w
+        size = logits.numel() * logits.element_size()
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        loss = fusedops.cross_entropy(logits, t, inplace_grad=inplace)
+        del logits
+        loss.backward()
+        peak = torch.cuda.max_memory_allocated() - base
+        params = (h.numel() + w.numel()) * 2
+        budget = (0 if inplace else size) + params + 64 * N + (4 << 20)
+        assert peak <= budget, (inplace, peak, budget, size)
