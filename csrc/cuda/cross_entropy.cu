@@ -269,17 +269,19 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> args
     return;
   }
   const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
-  Vec<T, VEC> xv[VPT];
+  // Held packed (cuda_utils.cuh, load_held): a Vec of 16-bit values is split per element at
+  // its (conditional) load, which made each thread wait for one load before issuing the next.
+  Held<T, VEC> xv[VPT];
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
-    if (column(i) < a.V) xv[i] = load_vec<T, VEC>(x + column(i));
+    if (column(i) < a.V) xv[i] = load_held<T, VEC>(x + column(i));
   A m = neg_inf<A>();
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
     if (column(i) < a.V) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const A v = capped(A(to_acc(xv[i].v[e])), a);
+        const A v = capped(A(acc_at(xv[i], e)), a);
         m = v > m ? v : m;  // (a NaN is carried by the sum of exp instead)
       }
     }
@@ -290,7 +292,7 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> args
       if (column(i) < a.V) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const A v = capped(A(to_acc(xv[i].v[e])), a);
+          const A v = capped(A(acc_at(xv[i], e)), a);
           s += a_exp(v - m);
           if (a.smoothing) wx += (a.weighted ? weight_at<T>(a, column(i) + e) : A(1)) * v;
         }
@@ -301,7 +303,7 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> args
       if (column(i) < a.V) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
-          wx += (a.weighted ? weight_at<T>(a, column(i) + e) : A(1)) * capped(A(to_acc(xv[i].v[e])), a);
+          wx += (a.weighted ? weight_at<T>(a, column(i) + e) : A(1)) * capped(A(acc_at(xv[i], e)), a);
       }
   }
   const bool writer = rank == 0 && threadIdx.x == 0;
@@ -314,7 +316,7 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> args
       if (column(i) < a.V) {
         A d[VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) d[e] = grad_at<T>(a, c, capped(A(to_acc(xv[i].v[e])), a), column(i) + e, t);
+        for (int e = 0; e < VEC; ++e) d[e] = grad_at<T>(a, c, capped(A(acc_at(xv[i], e)), a), column(i) + e, t);
         store_from_acc<T, VEC>(g + column(i), d);
       }
   }
@@ -499,13 +501,13 @@ __global__ void __launch_bounds__(kScaleThreads)
     const int64_t c0 = (tile - row * tiles_per_row) * kTile;
     const T* gr = g + g_rows.offset(row);
     T* orow = out + o_rows.offset(row);
-    Vec<T, VEC> v[kScaleVecs];
+    Held<T, VEC> v[kScaleVecs];
 #pragma unroll
     for (int i = 0; i < kScaleVecs; ++i) {
       const int64_t j = c0 + (int64_t(i) * kScaleThreads + threadIdx.x) * VEC;
       if (j < V) {
         if constexpr (VEC > 1)
-          v[i] = load_vec<T, VEC>(gr + j);
+          v[i] = load_held<T, VEC>(gr + j);
         else
           v[i].v[0] = gr[j];
       }
@@ -516,7 +518,7 @@ __global__ void __launch_bounds__(kScaleThreads)
       if (j < V) {
         A d[VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) d[e] = A(to_acc(v[i].v[e])) * k;
+        for (int e = 0; e < VEC; ++e) d[e] = A(acc_at(v[i], e)) * k;
         if constexpr (VEC > 1)
           store_from_acc<T, VEC>(orow + j, d);
         else
@@ -555,13 +557,13 @@ bool launch_rows(const Args<acc_t<T>>& a, int64_t R, int cluster, cudaStream_t s
 template <typename T, bool kGrad, bool kOptions>
 bool try_rows(const Args<acc_t<T>>& a, int64_t R, int64_t vectors, cudaStream_t stream, const char* op) {
   // One block when the row fits its registers (the fewest vectors a thread that do), else the
-  // smallest cluster at 4 vectors a thread, else at 8.
+  // smallest cluster at 8 vectors a thread, else at 4: a block's share of the row between two
+  // cluster barriers is what amortises them (at 128256 bf16 classes, 8 blocks of 4 vectors a
+  // thread reached 0.82 TB/s forward on the H200, against 1.72 for 256000 classes at 8 vectors).
   if (vectors <= kThreads) return launch_rows<T, 1, kGrad, kOptions>(a, R, 1, stream, op);
   if (vectors <= 2 * kThreads) return launch_rows<T, 2, kGrad, kOptions>(a, R, 1, stream, op);
   if (vectors <= 4 * kThreads) return launch_rows<T, 4, kGrad, kOptions>(a, R, 1, stream, op);
   if (vectors <= 8 * kThreads) return launch_rows<T, 8, kGrad, kOptions>(a, R, 1, stream, op);
-  const int64_t c4 = (vectors + 4 * kThreads - 1) / (4 * kThreads);
-  if (c4 <= kMaxCluster) return launch_rows<T, 4, kGrad, kOptions>(a, R, int(c4), stream, op);
   const int64_t c8 = (vectors + 8 * kThreads - 1) / (8 * kThreads);
   if (c8 <= kMaxCluster) return launch_rows<T, 8, kGrad, kOptions>(a, R, int(c8), stream, op);
   return false;

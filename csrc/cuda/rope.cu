@@ -308,11 +308,12 @@ void run_typed(const Problem& p, const Outputs& o, const char* op) {
   pb = int(std::min<int64_t>(pb, n_pos));
   const int64_t blocks = (n_pos + pb - 1) / pb;
   FUSEDOPS_CHECK(blocks < (int64_t(1) << 31), op, ": too many positions (", n_pos, ")");
-  // Heads are split among blocks until the grid is some eight waves deep: a grid of a few
-  // long-lived blocks per SM idles much of the GPU in its last wave (LLaMA-3-8B's 32768
-  // positions make 1024 blocks, 2.6 waves, without the split). A block keeps at least two
-  // rounds of kUnroll heads per lane, over which its cos/sin loads are amortised.
-  const int64_t want = 8 * 4 * sms;
+  // Heads are split among blocks while the grid has fewer than four blocks per SM: a grid of a
+  // few long-lived blocks idles much of the GPU in its last wave (partial rotary at LLaMA-3-8B's
+  // shape made 512 blocks: 2.5 TB/s forward, 3.1 with the split). Splitting a grid that is
+  // already deep only repeats the cos/sin loads (1024 blocks split into 5120 lost 4%). A block
+  // keeps at least two rounds of kUnroll heads per lane, over which its cos/sin loads are amortised.
+  const int64_t want = 4 * sms;
   const int64_t max_groups = std::max<int64_t>(1, H / (2 * kUnroll * hs));
   const int64_t groups0 = std::clamp<int64_t>((want + blocks - 1) / blocks, 1, max_groups);
   a.heads_per_block = int((H + groups0 - 1) / groups0);
