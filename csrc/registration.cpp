@@ -105,4 +105,24 @@ STABLE_TORCH_LIBRARY(fusedops, m) {
   // left untouched (the usual loss.backward() costs no pass over the gradient).
   m.def("cross_entropy_backward(Tensor grad_output, Tensor grad_logits) -> Tensor");
   m.def("cross_entropy_backward_(Tensor grad_output, Tensor(a!) grad_logits) -> ()");
+
+  // Cross-entropy of hidden @ weight.T (+ bias) against class-index targets, never holding the
+  // whole (tokens, vocab) logits: rows go through in chunks of chunk_rows (None: as many as fit
+  // a fixed byte budget), each chunk's logits made by one matrix product and turned into their
+  // gradient in place by cross_entropy_. The options are cross_entropy's (class_weight is its
+  // `weight`). With compute_grad, also the gradients of the loss (grad_output 1) with respect to
+  // hidden (hidden's dtype), weight and bias (float32, float64 for float64 hidden: the
+  // accumulators; bias absent: an empty tensor). bad_target as cross_entropy's. The kernels are
+  // Python composites (src/fusedops/ops/linear_cross_entropy.py): cuBLAS/oneDNN do the products.
+  m.def(
+      "linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias=None, "
+      "Tensor? class_weight=None, int ignore_index=-100, str reduction=\"mean\", float label_smoothing=0., "
+      "float z_loss=0., float? softcap=None, int? chunk_rows=None, bool compute_grad=False) "
+      "-> (Tensor loss, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias, Tensor bad_target)");
+  // The backward by recomputation (reduction "none", or a forward without compute_grad): the
+  // gradients for grad_output (0-d for "mean"/"sum", target's shape for "none"), dtypes as above.
+  m.def(
+      "linear_cross_entropy_backward(Tensor grad_output, Tensor hidden, Tensor weight, Tensor target, "
+      "Tensor? bias, Tensor? class_weight, int ignore_index, str reduction, float label_smoothing, float z_loss, "
+      "float? softcap, int? chunk_rows) -> (Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)");
 }

@@ -23,10 +23,11 @@ from . import nn  # noqa: E402
 from .functional import add_rms_norm, add_rms_norm_, layer_norm, rms_norm  # noqa: E402
 from .functional import geglu, geglu_packed, rope, rope_, swiglu, swiglu_packed  # noqa: E402
 from .functional import cross_entropy  # noqa: E402
+from .functional import linear_cross_entropy  # noqa: E402
 from .ops import OPS, backend_for  # noqa: E402
 
 __version__ = "0.1.0.dev0"
 __all__ = [
     "rms_norm", "add_rms_norm", "add_rms_norm_", "layer_norm", "swiglu", "geglu", "swiglu_packed", "geglu_packed",
-    "rope", "rope_", "cross_entropy", "nn", "ops", "OPS", "backend_for", "build_info", "__version__",
+    "rope", "rope_", "cross_entropy", "linear_cross_entropy", "nn", "ops", "OPS", "backend_for", "build_info", "__version__",
 ]

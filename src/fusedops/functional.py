@@ -13,6 +13,7 @@ from ._native import PRECHECK_ARGUMENTS
 from .ops import add_rms_norm as _add_rms_norm
 from .ops import cross_entropy as _cross_entropy
 from .ops import layer_norm as _layer_norm
+from .ops import linear_cross_entropy as _linear_cross_entropy
 from .ops import rms_norm as _rms_norm
 from .ops import geglu as _geglu
 from .ops import geglu_packed as _geglu_packed
@@ -471,3 +472,71 @@ def cross_entropy(
         loss = loss.to(logits.dtype)
     return loss
 
+
+
+_linear_cross_entropy_op = _linear_cross_entropy.forward
+
+
+def linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Optional[Tensor] = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    softcap: Optional[float] = None,
+    class_weight: Optional[Tensor] = None,
+    chunk_rows: Optional[int] = None,
+    check_target: bool = True,
+) -> Tensor:
+    r"""``fusedops.cross_entropy(hidden @ weight.T + bias, target, ...)`` and its gradients with
+    respect to ``hidden``, ``weight`` and ``bias``, without ever holding the ``(tokens, V)``
+    logits: the rows go through in chunks, each chunk's logits made, turned into their gradient
+    in place and consumed before the next (docs/ops/linear_cross_entropy.md).
+
+    Args:
+        hidden: ``(..., H)``: the last layer's hidden states; float32, bfloat16, float16 or
+            float64. The matrix products run in this dtype.
+        weight: ``(V, H)``, the ``lm_head`` weight (``nn.Linear(H, V).weight``); hidden's dtype,
+            or float32 with bfloat16/float16 hidden (mixed precision: the gradient is then
+            float32, accumulated in float32).
+        target: ``(...)`` class indices, int64 or int32.
+        bias: optional ``(V,)``.
+        ignore_index, reduction, label_smoothing, z_loss, softcap, check_target: as for
+            :func:`fusedops.cross_entropy`.
+        class_weight: optional ``(V,)`` class weights (cross_entropy's ``weight``). No gradient.
+        chunk_rows: rows per chunk; ``None`` picks as many as keep one chunk's logits within
+            ``fusedops.ops.linear_cross_entropy.CHUNK_BYTES`` (64 MiB). Larger chunks make the
+            products faster and cost that many more bytes.
+
+    Returns:
+        The loss, float32 (float64 for float64 hidden): 0-d for ``"mean"``/``"sum"``, target's
+        shape for ``"none"``. With ``"mean"``/``"sum"`` the gradients are computed in the
+        forward (when anything needs them) and scaled in the backward; with ``"none"`` the
+        backward recomputes the logits chunk by chunk.
+    """
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        _linear_cross_entropy.check(
+            "linear_cross_entropy", hidden, weight, target, bias, class_weight, ignore_index, reduction,
+            label_smoothing, z_loss, softcap, chunk_rows,
+        )
+    needs_grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
+    if needs_grad:
+        _linear_cross_entropy._refuse_class_weight_grad(class_weight)
+    loss, _gh, _gw, _gb, bad = _linear_cross_entropy_op(
+        hidden, weight, target, bias, class_weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
+        None if softcap is None else float(softcap), chunk_rows, needs_grad and reduction != "none",
+    )
+    if check_target and hidden.is_cuda and not compiling and not torch.cuda.is_current_stream_capturing():
+        index = int(bad)  # the one synchronisation
+        if index >= 0:
+            raise ValueError(
+                _cross_entropy.bad_target_message("linear_cross_entropy", target, index, weight.shape[0], ignore_index)
+            )
+    return loss

@@ -17,6 +17,7 @@ import torch
 
 from .. import _native
 from . import add_rms_norm, cross_entropy, geglu, geglu_packed, layer_norm, rms_norm, rope, swiglu, swiglu_packed
+from . import linear_cross_entropy
 
 # Every public op of the library, by name (the same name as the schema, the C++/Triton files,
 # the docs page and the benchmark id).
@@ -30,6 +31,7 @@ OPS = {
     "geglu_packed": geglu_packed,
     "rope": rope,
     "cross_entropy": cross_entropy,
+    "linear_cross_entropy": linear_cross_entropy,
 }
 
 _triton_lib = None

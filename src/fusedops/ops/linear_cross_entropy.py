@@ -1,0 +1,484 @@
+"""linear_cross_entropy and its recomputing backward: the kernels (Python composites), fake
+kernels, autograd and autocast rule.
+
+Schemas (csrc/registration.cpp):
+    linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias=None,
+                         Tensor? class_weight=None, int ignore_index=-100, str reduction="mean",
+                         float label_smoothing=0., float z_loss=0., float? softcap=None,
+                         int? chunk_rows=None, bool compute_grad=False)
+        -> (Tensor loss, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias, Tensor bad_target)
+    linear_cross_entropy_backward(Tensor grad_output, Tensor hidden, Tensor weight, Tensor target,
+                                  Tensor? bias, Tensor? class_weight, int ignore_index, str reduction,
+                                  float label_smoothing, float z_loss, float? softcap, int? chunk_rows)
+        -> (Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)
+
+The value is cross_entropy(hidden @ weight.T + bias, target, ...) with every option of
+fusedops.cross_entropy (class_weight is its `weight`). The op is matrix-product bound, so its
+CPU and CUDA kernels are Python composites registered with torch.library.register_kernel: the
+products are torch.mm/torch.addmm (cuBLAS, oneDNN), the fused part is cross_entropy_'s kernel,
+which turns a chunk of logits into its loss and, in place, its gradient in one pass. Per chunk
+of rows (never the whole (N, V) logits):
+
+    logits = hidden_c @ weight.T (+ bias)             input dtype (tensor cores on a GPU)
+    loss  += cross_entropy_(logits, target_c, ...)    logits now hold d loss / d logits
+    grad_hidden_c  = logits @ weight                  input dtype
+    grad_weight   += logits.T @ hidden_c              float32 accumulator (see _accumulate_mm)
+    grad_bias     += logits.sum(0)                    float32
+
+"mean" needs the denominator of the whole batch, not the chunk's: the chunks run with
+reduction "sum" and the results are multiplied at the end by 1/D, D computed once on the device
+from the targets (the count of rows not ignored; the sum of their class weights when there are
+class weights and no z-loss). With class weights *and* a z-loss the two terms have different
+denominators (cross_entropy.h: Dw for the cross-entropy, Dn for the z-term); the chunks then run
+with class weights scaled by Dn/Dw (the cross-entropy terms are linear in the weights) and the
+result is multiplied by 1/Dn. All of it is device arithmetic: no host synchronisation.
+
+Chunk size: chunk_rows, or by default as many rows as keep one chunk's logits within
+CHUNK_BYTES (64 MiB). The only buffers beyond the inputs and the returned gradients are one
+chunk of logits, the float32 weight-gradient accumulator when the weight is not float32 (an
+extra 4*V*H bytes: with float32 parameters, as mixed-precision training has them, the
+accumulator *is* the returned gradient), and, when the weight's dtype is not hidden's, one copy
+of the weight in hidden's dtype for the products. Small chunks keep memory low but make the
+weight-gradient product (its inner dimension is the chunk's rows) read and write the whole
+(V, H) accumulator per chunk: on a GPU, chunks of a few thousand rows are needed for it to run
+at the tensor cores' rate (docs/ops/linear_cross_entropy.md).
+
+Saved for backward ("mean", "sum"): the gradients the forward computed (grad_output 1). The
+backward multiplies them by the 0-d grad_output (in place in an eager backward that frees the
+graph, as cross_entropy's does; else into new tensors) and casts grad_weight/grad_bias to the
+parameters' dtypes. Reduction "none": the per-row grad_output scales each row of the logits'
+gradient before the products, so nothing can be computed ahead; the forward computes only the
+loss (one product) and saves hidden, weight, target, bias and class_weight (references, no
+copies), and the backward (linear_cross_entropy_backward) recomputes each chunk's logits: three
+products in the backward instead of two. Double backward raises.
+
+Autocast rule (CPU and CUDA): hidden is cast to the autocast dtype; weight, bias and
+class_weight are passed as they are. The op takes a float32 weight with bfloat16/float16 hidden
+by itself (it makes one copy of the weight in hidden's dtype for the products), so a float32
+parameter gets its gradient in float32 straight from the float32 accumulator, never rounded to
+bfloat16 on the way. The loss is float32.
+"""
+
+import math
+
+import torch
+
+from . import _direct
+from . import cross_entropy as _ce
+from ._norm import FLOAT_DTYPES, NARROW, _same_device, acc_dtype, dtype_name, shape_str
+
+forward = torch.ops.fusedops.linear_cross_entropy.default
+backward = torch.ops.fusedops.linear_cross_entropy_backward.default
+
+# The default byte budget of one chunk's logits (in hidden's dtype).
+CHUNK_BYTES = 64 * 2**20
+
+OP = "linear_cross_entropy"
+
+
+def _dev(t):
+    return _ce._device_str(t)
+
+
+def check(op, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
+          chunk_rows):
+    if hidden.dim() < 1:
+        raise ValueError(f"{op}: hidden must have at least 1 dimension (..., hidden_size), got a 0-dimensional tensor")
+    if hidden.dtype not in FLOAT_DTYPES:
+        raise ValueError(
+            f"{op}: hidden dtype must be float32, bfloat16, float16 or float64, got {dtype_name(hidden.dtype)}"
+        )
+    H = hidden.shape[-1]
+    if weight.dim() != 2 or weight.shape[1] != H:
+        raise ValueError(
+            f"{op}: weight must be a 2-D (vocab_size, hidden_size) tensor with hidden_size = hidden.size(-1) = {H}, "
+            f"got shape {shape_str(weight)}"
+        )
+    if not (weight.dtype == hidden.dtype or (weight.dtype == torch.float32 and hidden.dtype in NARROW)):
+        raise ValueError(
+            f"{op}: weight dtype {dtype_name(weight.dtype)} does not go with hidden dtype {dtype_name(hidden.dtype)}: "
+            "use hidden's dtype or float32"
+        )
+    if not _same_device(weight, hidden):
+        raise ValueError(f"{op}: weight is on {_dev(weight)} but hidden is on {_dev(hidden)}")
+    V = weight.shape[0]
+    if V < 1:
+        raise ValueError(f"{op}: weight must have at least one row (vocab_size is 0)")
+    if V >= 2**31:
+        raise ValueError(f"{op}: too many classes ({V})")
+    if target.dtype.is_floating_point or target.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{op}: target dtype must be int64 or int32 (class indices), got {dtype_name(target.dtype)}")
+    if target.shape != hidden.shape[:-1]:
+        raise ValueError(
+            f"{op}: target shape {shape_str(target)} does not match hidden shape {shape_str(hidden)} without its "
+            f"last dimension: expected {_ce._leading(hidden)}"
+        )
+    if not _same_device(target, hidden):
+        raise ValueError(f"{op}: target is on {_dev(target)} but hidden is on {_dev(hidden)}")
+    for name, t in (("bias", bias), ("class_weight", class_weight)):
+        if t is None:
+            continue
+        if t.dim() != 1 or t.shape[0] != V:
+            raise ValueError(
+                f"{op}: {name} must be a 1-D tensor of weight.size(0) = {V} elements, got shape {shape_str(t)}"
+            )
+        if not (t.dtype == hidden.dtype or t.dtype == weight.dtype or t.dtype == torch.float32):
+            raise ValueError(
+                f"{op}: {name} dtype {dtype_name(t.dtype)} does not go with hidden dtype {dtype_name(hidden.dtype)}: "
+                "use hidden's dtype, weight's dtype or float32"
+            )
+        if not _same_device(t, hidden):
+            raise ValueError(f"{op}: {name} is on {_dev(t)} but hidden is on {_dev(hidden)}")
+    if reduction not in _ce.REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got '{reduction}'")
+    if not (0.0 <= label_smoothing <= 1.0):
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {_ce._num(label_smoothing)}")
+    if not (z_loss >= 0.0 and math.isfinite(z_loss)):
+        raise ValueError(f"{op}: z_loss must be a finite number >= 0, got {_ce._num(z_loss)}")
+    if softcap is not None and not (softcap > 0.0 and math.isfinite(softcap)):
+        raise ValueError(f"{op}: softcap must be a finite number > 0 (or None), got {_ce._num(softcap)}")
+    if chunk_rows is not None and chunk_rows < 1:
+        raise ValueError(f"{op}: chunk_rows must be >= 1 (or None: automatic), got {chunk_rows}")
+
+
+def check_backward(grad_output, hidden, target, reduction):
+    op = "linear_cross_entropy_backward"
+    if not grad_output.dtype.is_floating_point:
+        raise ValueError(f"{op}: grad_output dtype must be floating point, got {dtype_name(grad_output.dtype)}")
+    if not _same_device(grad_output, hidden):
+        raise ValueError(f"{op}: grad_output is on {_dev(grad_output)} but hidden is on {_dev(hidden)}")
+    expected = target.shape if reduction == "none" else torch.Size([])
+    if grad_output.shape != expected:
+        raise ValueError(
+            f"{op}: grad_output must have shape {list(expected)} for reduction '{reduction}', got shape "
+            f"{shape_str(grad_output)}"
+        )
+
+
+# ---- the composite -------------------------------------------------------------------------
+
+
+def chunk_rows_for(V, itemsize, chunk_rows=None):
+    if chunk_rows is not None:
+        return chunk_rows
+    return max(1, CHUNK_BYTES // (V * itemsize))
+
+
+# Whether addmm with out_dtype (a float32 result from bfloat16/float16 factors, accumulated in
+# place) works on a device type: torch has it for CUDA only. Probed once per device type.
+_out_dtype_ok = {}
+
+
+def _out_dtype_works(device):
+    ok = _out_dtype_ok.get(device.type)
+    if ok is None:
+        try:
+            a = torch.ones(2, 3, device=device, dtype=torch.bfloat16)
+            acc = torch.ones(2, 2, device=device, dtype=torch.float32)
+            torch.addmm(acc, a, a.t(), out_dtype=torch.float32, out=acc)
+            ok = bool((acc == 4).all())  # (probe only: a sync, once per process and device type)
+        except (RuntimeError, NotImplementedError, TypeError):
+            ok = False
+        _out_dtype_ok[device.type] = ok
+    return ok
+
+
+def _accumulate_mm(acc, a, b):
+    """acc += a @ b with acc float32 (float64) and a, b maybe narrower: the product is made in
+    a's dtype and accumulated in acc's; no acc-sized temporary. On CUDA addmm(out_dtype=float32)
+    does exactly that (tensor cores, float32 accumulation and output); elsewhere the chunk's
+    factors are upcast (chunk-sized copies)."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    elif _out_dtype_works(a.device):
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
+def bad_target_index(target_flat, V, ignore_index):
+    """The flat index of the first bad target, or -1, as a 0-d int64 device tensor (no sync)."""
+    bad = ((target_flat < 0) | (target_flat >= V)) & (target_flat != ignore_index)
+    if bad.numel() == 0:
+        return torch.full((), -1, dtype=torch.int64, device=target_flat.device)
+    first = bad.to(torch.int8).argmax()
+    return torch.where(bad.any(), first, torch.full_like(first, -1))
+
+
+def _plan(target_flat, class_weight, ignore_index, reduction, z_loss, acc, V):
+    """(class weights the chunks use, the factor every result is multiplied by at the end, or
+    None) for the whole batch; device arithmetic only."""
+    w = None if class_weight is None else class_weight
+    if reduction != "mean":
+        return w, None
+    kept = target_flat != ignore_index
+    count = kept.sum().to(acc)
+    if w is None:
+        return None, 1.0 / count
+    safe = torch.where(kept & (target_flat >= 0) & (target_flat < V), target_flat, torch.zeros_like(target_flat))
+    wsum = torch.where(kept, w.to(acc)[safe], torch.zeros((), dtype=acc, device=w.device)).sum()
+    if z_loss == 0.0:
+        return w, 1.0 / wsum
+    return w.to(acc) * (count / wsum), 1.0 / count
+
+
+def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
+            label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, want_loss=True, want_grad=False,
+            grad_output=None):
+    """The chunk loop. `kernels` = (cross_entropy forward, cross_entropy_ in place) with the
+    registered ops' signatures. grad_output: None (1) or a tensor (0-d, or per row for "none").
+    Returns (loss or None, grad_hidden, grad_weight, grad_bias) with empty tensors for what was
+    not wanted."""
+    ce_forward, ce_inplace = kernels
+    acc = acc_dtype(hidden.dtype)
+    H = hidden.shape[-1]
+    V = weight.shape[0]
+    x = hidden.reshape(-1, H)
+    t = target.reshape(-1)
+    N = x.shape[0]
+    dt = hidden.dtype
+    w = weight if weight.dtype == dt else weight.to(dt)  # the products run in hidden's dtype
+    b = None if bias is None else (bias if bias.dtype == dt else bias.to(dt))
+    cw, factor = _plan(t, class_weight, ignore_index, reduction, z_loss, acc, V)
+    red = "none" if reduction == "none" else "sum"
+    loss = None
+    if want_loss:
+        loss = hidden.new_zeros(target.shape if reduction == "none" else (), dtype=acc)
+    loss_rows = loss.view(-1) if (want_loss and reduction == "none") else None
+    go_rows = None
+    if grad_output is not None and reduction == "none":
+        go_rows = grad_output.reshape(-1)
+    if want_grad:
+        grad_hidden = hidden.new_empty((N, H))
+        grad_weight = hidden.new_zeros((V, H), dtype=acc)
+        grad_bias = hidden.new_zeros((V,), dtype=acc) if bias is not None else hidden.new_empty((0,), dtype=acc)
+    else:
+        grad_hidden = hidden.new_empty((0,))
+        grad_weight = hidden.new_empty((0,), dtype=acc)
+        grad_bias = hidden.new_empty((0,), dtype=acc)
+    rows = chunk_rows_for(V, hidden.element_size(), chunk_rows)
+    buf = hidden.new_empty((min(rows, N), V)) if N else None
+    for start in range(0, N, rows):
+        n = min(rows, N - start)
+        xc, tc = x[start:start + n], t[start:start + n]
+        logits = buf[:n]
+        if b is not None:
+            torch.addmm(b, xc, w.t(), out=logits)
+        else:
+            torch.mm(xc, w.t(), out=logits)
+        if want_grad:
+            chunk_loss, _lse, _bad = ce_inplace(logits, tc, cw, ignore_index, red, label_smoothing, z_loss, softcap)
+        else:
+            chunk_loss, _lse, _g, _bad = ce_forward(logits, tc, cw, ignore_index, red, label_smoothing, z_loss,
+                                                    softcap, False)
+        if want_loss:
+            if loss_rows is not None:
+                loss_rows[start:start + n] = chunk_loss
+            else:
+                loss += chunk_loss
+        if not want_grad:
+            continue
+        if go_rows is not None:
+            logits.mul_(go_rows[start:start + n, None])
+        torch.mm(logits, w, out=grad_hidden[start:start + n])
+        _accumulate_mm(grad_weight, logits.t(), xc)
+        if bias is not None:
+            grad_bias += logits.sum(0, dtype=acc)
+    scale = factor
+    if grad_output is not None and reduction != "none":
+        scale = grad_output.to(acc) if scale is None else scale * grad_output.to(acc)
+    if want_loss and factor is not None:
+        loss *= factor
+    if want_grad:
+        if scale is not None:
+            grad_hidden.mul_(scale)
+            grad_weight.mul_(scale)
+            grad_bias.mul_(scale)
+        grad_hidden = grad_hidden.view(hidden.shape)
+    return loss, grad_hidden, grad_weight, grad_bias
+
+
+def _check_targets_cpu(op, target, V, ignore_index):
+    if target.device.type == "cpu":  # free to read here: name the bad value as cross_entropy does
+        bad = _ce.first_bad_target(target, V, ignore_index)
+        if bad >= 0:
+            raise ValueError(_ce.bad_target_message(op, target, bad, V, ignore_index))
+
+
+def _make_forward(kernels):
+    def kernel(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
+               label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, compute_grad=False):
+        check(OP, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss,
+              softcap, chunk_rows)
+        V = weight.shape[0]
+        _check_targets_cpu(OP, target, V, ignore_index)
+        with _direct.BelowAutograd(), torch.no_grad():
+            bad = bad_target_index(target.reshape(-1), V, ignore_index)
+            loss, gh, gw, gb = compute(kernels, hidden, weight, target, bias, class_weight, ignore_index, reduction,
+                                       label_smoothing, z_loss, softcap, chunk_rows, want_loss=True,
+                                       want_grad=compute_grad)
+        return loss, gh, gw, gb, bad
+
+    return kernel
+
+
+def _make_backward(kernels):
+    def kernel(grad_output, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
+               z_loss, softcap, chunk_rows):
+        op = "linear_cross_entropy_backward"
+        check(op, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss,
+              softcap, chunk_rows)
+        check_backward(grad_output, hidden, target, reduction)
+        _check_targets_cpu(op, target, weight.shape[0], ignore_index)
+        with _direct.BelowAutograd(), torch.no_grad():
+            _loss, gh, gw, gb = compute(kernels, hidden, weight, target, bias, class_weight, ignore_index, reduction,
+                                        label_smoothing, z_loss, softcap, chunk_rows, want_loss=False,
+                                        want_grad=True, grad_output=grad_output)
+        return gh, gw, gb
+
+    return kernel
+
+
+# The dispatcher's cross_entropy ops: CPU kernels, CUDA kernels or Triton, as fusedops chose.
+_DISPATCHED = (_ce.forward, _ce.forward_)
+_forward_kernel = _make_forward(_DISPATCHED)
+_backward_kernel = _make_backward(_DISPATCHED)
+for _device in ("cpu", "cuda"):
+    torch.library.register_kernel("fusedops::linear_cross_entropy", _device, _forward_kernel)
+    torch.library.register_kernel("fusedops::linear_cross_entropy_backward", _device, _backward_kernel)
+
+
+# ---- fake kernels ----------------------------------------------------------------------------
+
+
+def _grads_like(hidden, weight, bias, wanted):
+    acc = acc_dtype(hidden.dtype)
+    if not wanted:
+        return hidden.new_empty((0,)), hidden.new_empty((0,), dtype=acc), hidden.new_empty((0,), dtype=acc)
+    gb = hidden.new_empty((weight.shape[0],), dtype=acc) if bias is not None else hidden.new_empty((0,), dtype=acc)
+    return hidden.new_empty(hidden.shape), hidden.new_empty(weight.shape, dtype=acc), gb
+
+
+@torch.library.register_fake("fusedops::linear_cross_entropy")
+def _forward_fake(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
+                  label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, compute_grad=False):
+    check(OP, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
+          chunk_rows)
+    loss = hidden.new_empty(target.shape if reduction == "none" else (), dtype=acc_dtype(hidden.dtype))
+    return (loss, *_grads_like(hidden, weight, bias, compute_grad), hidden.new_empty((), dtype=torch.int64))
+
+
+@torch.library.register_fake("fusedops::linear_cross_entropy_backward")
+def _backward_fake(grad_output, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
+                   z_loss, softcap, chunk_rows):
+    check("linear_cross_entropy_backward", hidden, weight, target, bias, class_weight, ignore_index, reduction,
+          label_smoothing, z_loss, softcap, chunk_rows)
+    check_backward(grad_output, hidden, target, reduction)
+    return _grads_like(hidden, weight, bias, True)
+
+
+# ---- autograd ------------------------------------------------------------------------------
+
+
+def _refuse_class_weight_grad(class_weight):
+    if class_weight is not None and class_weight.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError(
+            "fusedops.linear_cross_entropy: gradients with respect to class_weight are not supported "
+            "(torch.nn.functional.cross_entropy has none either); pass class_weight.detach()"
+        )
+
+
+def _setup_context(ctx, inputs, output):
+    hidden, weight, target, bias, class_weight, ignore_index, reduction, ls, z, cap, chunk_rows, compute_grad = (
+        _all_inputs(inputs)
+    )
+    _loss, gh, gw, gb, bad = output
+    ctx.recompute = reduction == "none" or not compute_grad
+    ctx.options = (ignore_index, reduction, ls, z, cap, chunk_rows)
+    ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+    ctx.has_bias = bias is not None
+    if ctx.recompute:
+        ctx.save_for_backward(hidden, weight, target, bias, class_weight)
+    else:
+        ctx.save_for_backward(gh, gw, gb)
+    ctx.mark_non_differentiable(gh, gw, gb, bad)
+    ctx.set_materialize_grads(False)
+
+
+_DEFAULTS = (None, None, -100, "mean", 0.0, 0.0, None, None, False)
+
+
+def _all_inputs(inputs):
+    return tuple(inputs) + _DEFAULTS[len(inputs) - 3:]
+
+
+def _backward(ctx, grad_loss, *_unused):
+    n_inputs = 12
+    if grad_loss is None:
+        return (None,) * n_inputs
+    needs = ctx.needs_input_grad
+    if needs[4]:
+        raise NotImplementedError(
+            "fusedops.linear_cross_entropy: gradients with respect to class_weight are not supported; pass "
+            "class_weight.detach()"
+        )
+    if ctx.recompute:
+        hidden, weight, target, bias, class_weight = ctx.saved_tensors
+        with _direct.below_autograd_unless_grad():
+            gh, gw, gb = backward(grad_loss, hidden, weight, target, bias, class_weight, *ctx.options)
+    else:
+        gh, gw, gb = ctx.saved_tensors
+        gh = _ce.scale(grad_loss, gh) if needs[0] else None
+        gw = _ce.scale(grad_loss, gw) if needs[1] else None
+        gb = _ce.scale(grad_loss, gb) if ctx.has_bias and needs[3] else None
+    wdt, bdt = ctx.dtypes
+    gw = gw.to(wdt) if (gw is not None and needs[1]) else None
+    gb = gb.to(bdt) if (ctx.has_bias and gb is not None and needs[3]) else None
+    return (gh if needs[0] else None, gw, None, gb) + (None,) * (n_inputs - 4)
+
+
+torch.library.register_autograd("fusedops::linear_cross_entropy", _backward, setup_context=_setup_context)
+_direct.register_no_double_backward("fusedops::linear_cross_entropy_backward", "fusedops.linear_cross_entropy")
+
+
+# ---- autocast ------------------------------------------------------------------------------
+
+_lib = torch.library.Library("fusedops", "IMPL")
+_AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU) | torch._C.DispatchKeySet(
+    torch._C.DispatchKey.AutocastCUDA
+)
+
+
+def _autocast_kernel(device_type):
+    def rule(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
+             label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, compute_grad=False):
+        dt = torch.get_autocast_dtype(device_type)
+        if hidden.dtype in (torch.float32, torch.bfloat16, torch.float16) and hidden.dtype != dt:
+            hidden = hidden.to(dt)
+        # (float32 parameters stay float32: the op casts the weight for the products itself and
+        # returns the gradient in float32)
+        if weight.dtype not in (dt, torch.float32):
+            weight = weight.to(dt)
+        if bias is not None and bias.dtype not in (dt, torch.float32):
+            bias = bias.to(dt)
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
+            return forward(hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
+                           z_loss, softcap, chunk_rows, compute_grad)
+
+    return rule
+
+
+_lib.impl("linear_cross_entropy", _autocast_kernel("cpu"), "AutocastCPU")
+_lib.impl("linear_cross_entropy", _autocast_kernel("cuda"), "AutocastCUDA")
+
+
+# ---- Triton, for CUDA tensors when the CUDA kernels do not serve them (ops/__init__.py) -------
+# The same composite with cross_entropy's Triton kernels called directly (the products stay
+# cuBLAS's): what FUSEDOPS_BACKEND=triton runs, and what the interpreter tests run on the CPU.
+
+_TRITON = (_ce._triton_forward, _ce._triton_forward_inplace)
+
+TRITON_IMPLS = {
+    "linear_cross_entropy": _make_forward(_TRITON),
+    "linear_cross_entropy_backward": _make_backward(_TRITON),
+}
