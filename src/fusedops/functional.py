@@ -513,10 +513,11 @@ def linear_cross_entropy(
             products faster and cost that many more bytes.
 
     Returns:
-        The loss, float32 (float64 for float64 hidden): 0-d for ``"mean"``/``"sum"``, target's
-        shape for ``"none"``. With ``"mean"``/``"sum"`` the gradients are computed in the
-        forward (when anything needs them) and scaled in the backward; with ``"none"`` the
-        backward recomputes the logits chunk by chunk.
+        The loss: 0-d for ``"mean"``/``"sum"``, target's shape for ``"none"``; in hidden's dtype
+        (float32 under autocast, as cross_entropy); math in float32 (float64 for float64 hidden).
+        With ``"mean"``/``"sum"`` the gradients are computed in the forward (when anything needs
+        them) and scaled in the backward; with ``"none"`` the backward recomputes the logits
+        chunk by chunk.
     """
     compiling = torch.compiler.is_compiling()
     if not compiling:
@@ -539,4 +540,6 @@ def linear_cross_entropy(
             raise ValueError(
                 _cross_entropy.bad_target_message("linear_cross_entropy", target, index, weight.shape[0], ignore_index)
             )
+    if loss.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):
+        loss = loss.to(hidden.dtype)  # as cross_entropy on the logits, which are in hidden's dtype
     return loss

@@ -132,6 +132,8 @@ from . import rms_norm as _rms_norm  # noqa: E402
 from . import _gated  # noqa: E402
 from . import rope as _rope  # noqa: E402
 from . import cross_entropy as _cross_entropy  # noqa: E402
+from . import linear_cross_entropy as _linear_cross_entropy  # noqa: E402
 
-OP_TESTS = [_rms_norm.INFO, _add_rms_norm.INFO, _layer_norm.INFO, *_gated.infos(), _rope.INFO, _cross_entropy.INFO]  # _gated: swiglu, geglu and their packed forms
+OP_TESTS = [_rms_norm.INFO, _add_rms_norm.INFO, _layer_norm.INFO, *_gated.infos(), _rope.INFO, _cross_entropy.INFO,
+            _linear_cross_entropy.INFO]  # _gated: swiglu, geglu and their packed forms
 OP_TESTS_BY_NAME = {info.name: info for info in OP_TESTS}
