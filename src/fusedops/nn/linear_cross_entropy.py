@@ -1,0 +1,92 @@
+"""fusedops.nn.LinearCrossEntropyLoss: an lm_head and its loss in one module."""
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..functional import linear_cross_entropy
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """``cross_entropy(lm_head(hidden), target)`` without the logits: holds the ``lm_head``
+    weight ``(vocab_size, hidden_size)`` (and bias) under the names ``nn.Linear`` uses, so an
+    ``lm_head``'s ``state_dict`` loads as it is, and computes the loss with
+    :func:`fusedops.linear_cross_entropy`.
+
+    ``forward(hidden, target)``: hidden ``(..., hidden_size)``, target ``(...)``; returns the loss.
+    For a model whose ``lm_head`` is tied to its input embedding, use :meth:`from_linear`, which
+    shares the existing parameter instead of making one. The loss options are those of
+    :func:`fusedops.linear_cross_entropy`; ``class_weight`` is a buffer, as torch's
+    ``CrossEntropyLoss.weight``.
+    """
+
+    __constants__ = ["ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "chunk_rows"]
+
+    def __init__(
+        self,
+        hidden_size: int,
+        vocab_size: int,
+        bias: bool = False,
+        *,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        z_loss: float = 0.0,
+        softcap: Optional[float] = None,
+        class_weight: Optional[Tensor] = None,
+        chunk_rows: Optional[int] = None,
+        check_target: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.hidden_size = hidden_size
+        self.vocab_size = vocab_size
+        self.weight = torch.nn.Parameter(torch.empty(vocab_size, hidden_size, **factory))
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(vocab_size, **factory))
+        else:
+            self.register_parameter("bias", None)
+        self.register_buffer("class_weight", class_weight)
+        self.ignore_index = int(ignore_index)
+        self.reduction = reduction
+        self.label_smoothing = float(label_smoothing)
+        self.z_loss = float(z_loss)
+        self.softcap = None if softcap is None else float(softcap)
+        self.chunk_rows = chunk_rows
+        self.check_target = bool(check_target)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # nn.Linear's initialisation, so that a fresh module starts where an lm_head would.
+        torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.hidden_size) if self.hidden_size > 0 else 0
+            torch.nn.init.uniform_(self.bias, -bound, bound)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, **loss_options) -> "LinearCrossEntropyLoss":
+        """A module that uses ``linear``'s parameters themselves (tied embeddings stay tied)."""
+        module = cls(1, 1, bias=False, device="meta", **loss_options)
+        module.hidden_size, module.vocab_size = linear.in_features, linear.out_features
+        module.weight = linear.weight
+        module.bias = linear.bias
+        return module
+
+    def forward(self, hidden: Tensor, target: Tensor) -> Tensor:
+        return linear_cross_entropy(
+            hidden, self.weight, target, self.bias, ignore_index=self.ignore_index, reduction=self.reduction,
+            label_smoothing=self.label_smoothing, z_loss=self.z_loss, softcap=self.softcap,
+            class_weight=self.class_weight, chunk_rows=self.chunk_rows, check_target=self.check_target,
+        )
+
+    def extra_repr(self) -> str:
+        parts = [f"hidden_size={self.hidden_size}", f"vocab_size={self.vocab_size}", f"bias={self.bias is not None}"]
+        for name, default in (("ignore_index", -100), ("reduction", "mean"), ("label_smoothing", 0.0),
+                              ("z_loss", 0.0), ("softcap", None), ("chunk_rows", None)):
+            if getattr(self, name) != default:
+                parts.append(f"{name}={getattr(self, name)}")
+        return ", ".join(parts)

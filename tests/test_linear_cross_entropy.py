@@ -1,0 +1,254 @@
+"""linear_cross_entropy beyond the generic suites: every option in float64 against the
+materialised reference to 1e-6, chunk boundaries, the whole-batch "mean" denominator, incoming
+gradients other than 1, retain_graph, torch.compile, autocast, bad targets, the nn module."""
+
+import itertools
+
+import pytest
+import torch
+
+import fusedops
+from fusedops.ops import linear_cross_entropy as lce_op
+from fusedops.testing.linear_cross_entropy import reference
+from conftest import device_params
+
+DEVICES = device_params()
+
+
+def _inputs(N, H, V, device, dtype=torch.float64, bias=True, ignore_every=3, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    h = torch.randn(N, H, generator=g, dtype=torch.float64).to(device=device, dtype=dtype).requires_grad_()
+    w = (2.0 * torch.randn(V, H, generator=g, dtype=torch.float64) / H**0.5).to(device=device, dtype=dtype)
+    w.requires_grad_()
+    b = (0.5 * torch.randn(V, generator=g, dtype=torch.float64)).to(device=device, dtype=dtype).requires_grad_() if bias else None
+    t = torch.randint(0, V, (N,), generator=g).to(device)
+    if ignore_every:
+        t[::ignore_every] = -100
+    return h, w, b, t
+
+
+def _grads(loss, tensors, grad_output=None):
+    tensors = [x for x in tensors if x is not None]
+    return torch.autograd.grad(loss, tensors, grad_output)
+
+
+def _close(a, b, rtol=1e-6, what=""):
+    scale = max(1.0, b.abs().max().item()) if b.numel() else 1.0
+    torch.testing.assert_close(a / scale, b / scale, atol=rtol, rtol=rtol, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_every_option_fp64(device, reduction):
+    """Values and gradients (hidden, weight, bias) of every combination of options equal the
+    materialised float64 reference to 1e-6, with chunks of 4 rows over 11 (a partial last one)."""
+    N, H, V = 11, 6, 23
+    for bias, weighted, ls, z, cap in itertools.product([False, True], [False, True], [0.0, 0.2], [0.0, 0.05],
+                                                        [None, 3.0]):
+        h, w, b, t = _inputs(N, H, V, device, bias=bias)
+        cw = (0.25 + torch.rand(V, dtype=torch.float64)).to(device) if weighted else None
+        kw = dict(reduction=reduction, label_smoothing=ls, z_loss=z, softcap=cap, class_weight=cw)
+        what = f"{reduction} bias={bias} class_weight={weighted} ls={ls} z={z} softcap={cap}"
+        loss = fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=4, **kw)
+        ref = reference(h, w, t, b, cw, -100, reduction, ls, z, cap)
+        _close(loss, ref, what=what + " loss")
+        go = torch.rand_like(ref) + 0.5
+        for got, exp in zip(_grads(loss, [h, w, b], go), _grads(ref, [h, w, b], go)):
+            _close(got, exp, what=what + " grad")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N", [0, 1, 5, 8, 13])
+def test_chunk_boundaries(device, N):
+    """Chunks of 1, 4, 5, 8 and 64 rows (N a multiple, not a multiple, smaller than a chunk,
+    empty) and the automatic size give the same results."""
+    H, V = 5, 19
+    for reduction in ("mean", "sum", "none"):
+        if reduction == "mean" and N == 0:
+            continue  # NaN (0/0), checked in test_mean_all_ignored
+        h, w, b, t = _inputs(N, H, V, device, ignore_every=4)
+        if N and reduction == "mean":
+            t[-1] = 3  # at least one row counts
+        ref = reference(h, w, t, b, reduction=reduction)
+        go = torch.rand_like(ref) + 0.5
+        ref_grads = _grads(ref, [h, w, b], go)
+        for chunk in (1, 4, 5, 8, 64, None):
+            loss = fusedops.linear_cross_entropy(h, w, t, b, reduction=reduction, chunk_rows=chunk)
+            what = f"N={N} {reduction} chunk={chunk}"
+            assert loss.shape == ref.shape, what
+            _close(loss, ref, what=what)
+            for got, exp in zip(_grads(loss, [h, w, b], go), ref_grads):
+                assert got.shape == exp.shape
+                _close(got, exp, what=what)
+
+
+def test_automatic_chunk_follows_the_byte_budget(monkeypatch):
+    """chunk_rows=None takes as many rows as fit CHUNK_BYTES of logits; a tiny budget gives
+    chunks of one row, and the same results."""
+    assert lce_op.chunk_rows_for(1000, 2) == lce_op.CHUNK_BYTES // 2000
+    assert lce_op.chunk_rows_for(10**9, 4) == 1
+    h, w, b, t = _inputs(9, 4, 30, "cpu")
+    expected = fusedops.linear_cross_entropy(h, w, t, b)
+    seen = []
+    real = lce_op.chunk_rows_for
+    monkeypatch.setattr(lce_op, "chunk_rows_for", lambda *a: seen.append(real(*a)) or seen[-1])
+    monkeypatch.setattr(lce_op, "CHUNK_BYTES", 30 * 8 * 2)
+    loss = fusedops.linear_cross_entropy(h, w, t, b)
+    assert seen == [2]
+    _close(loss, expected)
+
+
+def test_mean_denominator_is_the_batch(device="cpu"):
+    """'mean' divides by the whole batch's count (or class-weight sum), not each chunk's: chunks
+    with very different numbers of ignored rows give the reference."""
+    N, H, V = 12, 4, 9
+    h, w, b, t = _inputs(N, H, V, device, ignore_every=0)
+    t[:5] = -100  # the first chunk of 6 has one row that counts, the second six
+    cw = (0.25 + torch.rand(V, dtype=torch.float64))
+    for kw in (dict(), dict(class_weight=cw), dict(class_weight=cw, z_loss=0.1), dict(z_loss=0.1)):
+        loss = fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=6, **kw)
+        ref = reference(h, w, t, b, kw.get("class_weight"), -100, "mean", 0.0, kw.get("z_loss", 0.0))
+        _close(loss, ref, what=str(list(kw)))
+        for got, exp in zip(_grads(loss, [h, w, b]), _grads(ref, [h, w, b])):
+            _close(got, exp, what=str(list(kw)))
+
+
+def test_mean_all_ignored():
+    """Every row ignored under 'mean': NaN, as torch (0/0)."""
+    h, w, b, t = _inputs(4, 3, 7, "cpu")
+    t[:] = -100
+    assert torch.isnan(fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=2))
+    assert fusedops.linear_cross_entropy(h, w, t, b, reduction="sum").item() == 0.0
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_retain_graph_and_repeated_backward(reduction):
+    """With retain_graph the saved gradients are not scaled in place: a second backward with
+    another grad_output gives its own right answer; without it, the graph is freed."""
+    h, w, b, t = _inputs(10, 5, 16, "cpu")
+    loss = fusedops.linear_cross_entropy(h, w, t, b, reduction=reduction, chunk_rows=3)
+    ref = reference(h, w, t, b, reduction=reduction)
+    for go in (torch.full_like(ref, 2.5), torch.full_like(ref, -0.75), torch.ones_like(ref)):
+        got = torch.autograd.grad(loss, [h, w, b], go, retain_graph=True)
+        exp = torch.autograd.grad(ref, [h, w, b], go, retain_graph=True)
+        for a, e in zip(got, exp):
+            _close(a, e)
+    loss.backward(torch.ones_like(loss))
+    with pytest.raises(RuntimeError, match="second time|freed"):
+        loss.backward(torch.ones_like(loss))
+
+
+def test_only_some_inputs_need_grad():
+    """Gradients only for what requires them (a frozen weight, no-grad evaluation)."""
+    h, w, b, t = _inputs(7, 4, 11, "cpu")
+    w.requires_grad_(False)
+    loss = fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=3)
+    (gh, gb) = torch.autograd.grad(loss, [h, b])
+    ref = reference(h, w, t, b)
+    for a, e in zip((gh, gb), torch.autograd.grad(ref, [h, b])):
+        _close(a, e)
+    with torch.no_grad():
+        out = fusedops.linear_cross_entropy(h, w, t, b)
+    assert not out.requires_grad
+    _close(out, ref.detach())
+    # The op itself without compute_grad returns no gradients.
+    _loss, gh, gw, gb, bad = lce_op.forward(h.detach(), w, t, b.detach(), None, -100, "mean", 0.0, 0.0, None, 3,
+                                            False)
+    assert gh.numel() == gw.numel() == gb.numel() == 0 and int(bad) == -1
+
+
+def test_class_weight_grad_refused():
+    h, w, b, t = _inputs(4, 3, 7, "cpu")
+    cw = torch.ones(7, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="class_weight"):
+        fusedops.linear_cross_entropy(h, w, t, b, class_weight=cw)
+
+
+def test_bad_target_on_cpu_names_it():
+    h, w, b, t = _inputs(4, 3, 7, "cpu", ignore_every=0)
+    t[2] = 7
+    with pytest.raises(ValueError, match=r"linear_cross_entropy: target\[2\] = 7 is outside \[0, 7\)"):
+        fusedops.linear_cross_entropy(h, w, t, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_bad_target_on_gpu():
+    """Eager: the public function reads bad_target once and raises naming the row; without the
+    check the loss is NaN (no out-of-bounds read)."""
+    h, w, b, t = _inputs(6, 8, 16, "cuda", dtype=torch.bfloat16, ignore_every=0)
+    t[4] = 99
+    with pytest.raises(ValueError, match=r"linear_cross_entropy: target\[4\] = 99 is outside \[0, 16\)"):
+        fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=2)
+    loss = fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=2, check_target=False)
+    assert torch.isnan(loss)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_compile_fullgraph(device, reduction):
+    """torch.compile(fullgraph=True) of a training step's loss (shift, view, loss): no graph
+    break, and forward and gradients equal eager."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+    def step(hidden, weight, labels):
+        h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+        loss = fusedops.linear_cross_entropy(h, weight, labels[:, 1:].reshape(-1), reduction=reduction,
+                                             z_loss=1e-3, chunk_rows=5)
+        return loss if reduction == "mean" else loss.sum() / 7
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for B, T in [(2, 6), (3, 5)]:
+        hidden = torch.randn(B, T, 8, device=device, requires_grad=True)
+        weight = torch.randn(30, 8, device=device, requires_grad=True)
+        labels = torch.randint(0, 30, (B, T), device=device)
+        out, exp = compiled(hidden, weight, labels), step(hidden, weight, labels)
+        torch.testing.assert_close(out, exp)
+        torch.testing.assert_close(torch.autograd.grad(out, [hidden, weight]), torch.autograd.grad(exp, [hidden, weight]))
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_autocast_fp32_parameters_bf16():
+    """bf16 autocast with float32 parameters (mixed-precision training): float32 gradients for
+    the parameters, from the float32 accumulator (not a bf16 gradient cast up), and a float32 loss."""
+    h = torch.randn(12, 16, requires_grad=True)
+    w = torch.randn(40, 16, requires_grad=True)
+    b = torch.randn(40, requires_grad=True)
+    t = torch.randint(0, 40, (12,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=5)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    assert h.grad.dtype == w.grad.dtype == b.grad.dtype == torch.float32
+    # The same as the op called with bf16 hidden and the float32 parameters.
+    _l, gh, gw, gb, _bad = lce_op.forward(h.detach().bfloat16(), w.detach(), t, b.detach(), None, -100, "mean", 0.0,
+                                          0.0, None, 5, True)
+    torch.testing.assert_close(w.grad, gw, atol=0, rtol=0)
+    torch.testing.assert_close(b.grad, gb, atol=0, rtol=0)
+    torch.testing.assert_close(h.grad, gh.float(), atol=0, rtol=0)
+    # Not rounded to bf16: the float32 accumulator keeps bits a bf16 gradient would not have.
+    assert not torch.equal(w.grad, w.grad.bfloat16().float())
+
+
+def test_module_loads_an_lm_head_and_matches():
+    torch.manual_seed(0)
+    lm_head = torch.nn.Linear(16, 50, bias=True, dtype=torch.float64)
+    module = fusedops.nn.LinearCrossEntropyLoss(16, 50, bias=True, dtype=torch.float64, z_loss=1e-3, chunk_rows=4)
+    module.load_state_dict(lm_head.state_dict())
+    assert set(module.state_dict()) == {"weight", "bias"}
+    h = torch.randn(2, 9, 16, dtype=torch.float64)
+    t = torch.randint(0, 50, (2, 9))
+    loss = module(h, t)
+    ref = reference(h, lm_head.weight, t, lm_head.bias, z_loss=1e-3)
+    _close(loss, ref)
+    loss.backward()
+    ref.backward()
+    _close(module.weight.grad, lm_head.weight.grad)
+    # Tied weights stay tied: from_linear shares the parameter itself.
+    tied = fusedops.nn.LinearCrossEntropyLoss.from_linear(lm_head)
+    assert tied.weight is lm_head.weight and tied.bias is lm_head.bias
+    assert "hidden_size=16, vocab_size=50, bias=True" in repr(tied)
