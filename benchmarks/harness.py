@@ -158,6 +158,9 @@ class OpEntry:
     # whether to record each call's peak memory (CUDA: bytes allocated above what was allocated
     # before the call, outputs and gradients included), as the peak_mib column
     measure_memory: bool = False
+    # (case, mode) -> floating-point operations of one call, for ops bound by matrix products,
+    # where bytes moved say little: their rows also get a tflops column (None: no FLOP model)
+    flops: Optional[Callable[[Case, str], int]] = None
 
     def cases(self, device: str) -> list:
         return list(self.gpu_cases if device == "cuda" else self.cpu_cases)
@@ -591,15 +594,19 @@ def _run_case(entry, case, provider, probe, modes, settings, reference, run) -> 
             nbytes = entry.min_bytes(case, mode)
             tbps = nbytes / (timing.ms * 1e-3) / 1e12
             pct = 100.0 * tbps / copy_tbps
+            tflops = entry.flops(case, mode) / (timing.ms * 1e-3) / 1e12 if entry.flops else None
             rows.append(
                 row(
                     mode, "ok", "; ".join(notes),
                     time_ms=timing.ms, time_ms_p20=timing.p20, time_ms_p80=timing.p80,
                     wall_us=wall, min_bytes=nbytes, tbps=tbps, pct_copy=pct,
                     err_fwd=err_fwd, err_grad=err_grad if mode != "fwd" else None, peak_mib=peak,
+                    tflops=tflops,
                 )
             )
             wall_text = f"  wall {wall:9.2f} us" if wall is not None else ""
+            if tflops is not None:
+                wall_text += f"  {tflops:8.2f} TFLOP/s"
             _progress(case, probe.label, mode,
                       f"{timing.ms:10.4f} ms  {tbps:8.4f} TB/s  {pct:5.1f}% copy{wall_text}")
         except Exception as exc:
@@ -710,9 +717,9 @@ CSV_COLUMNS = [
     "time_ms", "time_ms_p20", "time_ms_p80", "wall_us", "min_bytes", "tbps", "pct_copy",
     "err_fwd", "err_grad", "note",
     "device", "device_name", "threads", "copy_tbps", "run_id",
-    "peak_mib",
+    "peak_mib", "tflops",
 ]
-OPTIONAL_COLUMNS = ("peak_mib",)
+OPTIONAL_COLUMNS = ("peak_mib", "tflops")
 ROW_KEY = ("op", "device", "mode", "shape", "dtype", "provider")
 
 
@@ -971,6 +978,9 @@ def render_markdown(rows: list, runs: list, entries: dict) -> str:
             memory = any(fnum(r.get("peak_mib")) is not None for r in mode_rows)
             if memory:
                 headers.append("peak MiB")
+            flops = any(fnum(r.get("tflops")) is not None for r in mode_rows)
+            if flops:
+                headers.append("TFLOP/s")
             headers += [f"vs {p}" for p in peers]
             body = []
             for shape, dtype, _ in cases:
@@ -985,6 +995,8 @@ def render_markdown(rows: list, runs: list, entries: dict) -> str:
                     cells += [_fmt(fnum(r["tbps"]), ".4g"), _fmt(fnum(r["pct_copy"]), ".1f")]
                     if memory:
                         cells.append(_fmt(fnum(r.get("peak_mib")), ".0f"))
+                    if flops:
+                        cells.append(_fmt(fnum(r.get("tflops")), ".4g"))
                     for peer in peers:
                         if r["role"] != "subject":
                             cells.append("")

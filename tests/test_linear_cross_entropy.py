@@ -252,3 +252,58 @@ def test_module_loads_an_lm_head_and_matches():
     tied = fusedops.nn.LinearCrossEntropyLoss.from_linear(lm_head)
     assert tied.weight is lm_head.weight and tied.bias is lm_head.bias
     assert "hidden_size=16, vocab_size=50, bias=True" in repr(tied)
+
+
+_FSDP_SCRIPT = r"""
+import os, sys, torch, torch.distributed as dist, fusedops
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.device_mesh import init_device_mesh
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+mesh = init_device_mesh("cpu", (2,))
+torch.manual_seed(0)
+class Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.loss = fusedops.nn.LinearCrossEntropyLoss(16, 40, bias=True, chunk_rows=5, z_loss=1e-3)
+    def forward(self, x, t):
+        return self.loss(self.proj(x), t)
+ref = Head()
+mod = Head()
+mod.load_state_dict(ref.state_dict())
+fully_shard(mod.loss, mesh=mesh)
+fully_shard(mod, mesh=mesh)
+assert type(mod.loss.weight).__name__ == "DTensor" and mod.loss.weight.to_local().shape == (20, 16)
+x = torch.randn(12, 16)
+t = torch.randint(0, 40, (12,))
+t[::4] = -100
+for _ in range(2):  # twice: the gathered weight is freed and gathered again
+    mod.zero_grad()
+    mod(x, t).backward()
+ref(x, t).backward()
+for name, p in ref.named_parameters():
+    got = dict(mod.named_parameters())[name].grad.full_tensor()
+    torch.testing.assert_close(got, p.grad, atol=1e-6, rtol=1e-5, msg=name)
+dist.destroy_process_group()
+print("ok", rank)
+"""
+
+
+def test_fsdp2_fully_shard(tmp_path):
+    """The lm_head weight sharded by FSDP2 (fully_shard, two CPU ranks over gloo), gathered for
+    the forward: the sharded gradients equal an unsharded module's."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch.distributed.fsdp")
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    script = tmp_path / "fsdp.py"
+    script.write_text(_FSDP_SCRIPT)
+    store = str(tmp_path / "store")
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), store], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"ok {r}" in out, out[-3000:]
