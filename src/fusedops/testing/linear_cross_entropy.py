@@ -111,13 +111,16 @@ def samples(device, dtype, requires_grad=False, edge=True):
 
 
 def sample_for_shape(device, dtype, shape, requires_grad=False):
-    """hidden of `shape` ((rows, H) or more), V = 96, every tensor argument given."""
+    """hidden of `shape` ((rows, H) or more), V = 96, every tensor argument given; chunks of 3
+    rows for the small shapes of the suites (chunk boundaries inside), automatic for large ones."""
     V = 96
     H = shape[-1]
     h = _hidden(shape, dtype, device, requires_grad)
     t = _targets(tuple(shape[:-1]), V, device, 3)
+    chunk = 3 if h.numel() // max(H, 1) <= 64 else None
     return Sample((h, _weight(V, H, dtype, device, requires_grad), t, _bias(V, dtype, device, requires_grad),
-                   _class_weight(V, device), -100, "mean", 0.1, 0.01, None, 3, True), f"hidden{list(shape)} V={V}")
+                   _class_weight(V, device), -100, "mean", 0.1, 0.01, None, chunk, True),
+                  f"hidden{list(shape)} V={V}")
 
 
 def error_samples(device):
