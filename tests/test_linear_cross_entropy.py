@@ -20,7 +20,9 @@ def _inputs(N, H, V, device, dtype=torch.float64, bias=True, ignore_every=3, see
     h = torch.randn(N, H, generator=g, dtype=torch.float64).to(device=device, dtype=dtype).requires_grad_()
     w = (2.0 * torch.randn(V, H, generator=g, dtype=torch.float64) / H**0.5).to(device=device, dtype=dtype)
     w.requires_grad_()
-    b = (0.5 * torch.randn(V, generator=g, dtype=torch.float64)).to(device=device, dtype=dtype).requires_grad_() if bias else None
+    b = None
+    if bias:
+        b = (0.5 * torch.randn(V, generator=g, dtype=torch.float64)).to(device=device, dtype=dtype).requires_grad_()
     t = torch.randint(0, V, (N,), generator=g).to(device)
     if ignore_every:
         t[::ignore_every] = -100
@@ -157,6 +159,18 @@ def test_only_some_inputs_need_grad():
     assert gh.numel() == gw.numel() == gb.numel() == 0 and int(bad) == -1
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_registered_op_without_compute_grad_recomputes(reduction):
+    """The registered op called with compute_grad=False on inputs that need gradients: its
+    backward recomputes them (linear_cross_entropy_backward) and gets them right."""
+    h, w, b, t = _inputs(9, 4, 13, "cpu")
+    loss = lce_op.forward(h, w, t, b, None, -100, reduction, 0.1, 0.01, None, 4, False)[0]
+    ref = reference(h, w, t, b, None, -100, reduction, 0.1, 0.01)
+    for a, e in zip(torch.autograd.grad(loss, [h, w, b], torch.tensor(1.7, dtype=torch.float64)),
+                    torch.autograd.grad(ref, [h, w, b], torch.tensor(1.7, dtype=torch.float64))):
+        _close(a, e)
+
+
 def test_class_weight_grad_refused():
     h, w, b, t = _inputs(4, 3, 7, "cpu")
     cw = torch.ones(7, dtype=torch.float64, requires_grad=True)
@@ -207,7 +221,8 @@ def test_compile_fullgraph(device, reduction):
         labels = torch.randint(0, 30, (B, T), device=device)
         out, exp = compiled(hidden, weight, labels), step(hidden, weight, labels)
         torch.testing.assert_close(out, exp)
-        torch.testing.assert_close(torch.autograd.grad(out, [hidden, weight]), torch.autograd.grad(exp, [hidden, weight]))
+        torch.testing.assert_close(torch.autograd.grad(out, [hidden, weight]),
+                                   torch.autograd.grad(exp, [hidden, weight]))
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 

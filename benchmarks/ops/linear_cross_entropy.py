@@ -72,7 +72,8 @@ def make_inputs(case, device, seed) -> Inputs:
 
 def reference(hidden, weight, target):
     """fp32 math on the materialised logits; torch.compile compiles this."""
-    return F.cross_entropy(hidden.float() @ weight.float().t(), target.long(), ignore_index=IGNORE)  # (the harness upcasts every tensor)
+    # (target.long(): the harness upcasts every tensor argument)
+    return F.cross_entropy(hidden.float() @ weight.float().t(), target.long(), ignore_index=IGNORE)
 
 
 def _eager(case, device):

@@ -89,8 +89,9 @@ def samples(device, dtype, requires_grad=False, edge=True):
         cw = _class_weight(V, device) if weighted else None
         yield Sample((h, w, t, b, cw, -100, red, ls, z, cap, chunk, True), f"{what} {list(shape)} V={V} {red}")
     h = _hidden((6, 8), dtype, device, rg)
-    yield Sample((h, _weight(20, 8, dtype, device, rg), _targets((6,), 20, device, 2, ignore_index=7, dtype=torch.int32),
-                  None, None, 7, "mean", 0.0, 0.0, None, 4, True), "ignore_index=7 (a class), int32 targets")
+    t = _targets((6,), 20, device, 2, ignore_index=7, dtype=torch.int32)
+    yield Sample((h, _weight(20, 8, dtype, device, rg), t, None, None, 7, "mean", 0.0, 0.0, None, 4, True),
+                 "ignore_index=7 (a class), int32 targets")
     if dtype in (torch.bfloat16, torch.float16):
         # Mixed precision as training has it: float32 parameters with narrow activations.
         h = _hidden((5, 16), dtype, device, rg)
@@ -101,8 +102,9 @@ def samples(device, dtype, requires_grad=False, edge=True):
         return
     for shape, red in [((0, 8), "sum"), ((0, 8), "none"), ((2, 0, 8), "none")]:
         h = _hidden(shape, dtype, device, rg)
-        yield Sample((h, _weight(10, 8, dtype, device, rg), _targets(shape[:-1], 10, device), _bias(10, dtype, device, rg),
-                      None, -100, red, 0.0, 0.0, None, 3, True), f"empty {list(shape)} {red}")
+        w, b = _weight(10, 8, dtype, device, rg), _bias(10, dtype, device, rg)
+        yield Sample((h, w, _targets(shape[:-1], 10, device), b, None, -100, red, 0.0, 0.0, None, 3, True),
+                     f"empty {list(shape)} {red}")
     # Every row ignored but one, in a chunk of its own.
     t = _targets((5,), 16, device)
     t[:4] = -100
