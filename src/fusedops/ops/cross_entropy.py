@@ -322,6 +322,16 @@ _forward_entry = forward._op
 _forward_inplace_entry = forward_._op
 
 
+def _function_backward(ctx, grad_loss, grad_lse):
+    """The backward of both autograd Functions below: the saved gradient, scaled."""
+    if grad_lse is not None:
+        raise _lse_grad_error()
+    if grad_loss is None:
+        return (None,) * 8
+    (grad,) = ctx.saved_tensors
+    return (scale(grad_loss, grad),) + (None,) * 7
+
+
 class _Function(torch.autograd.Function):
     """The public function's autograd path without the detour through the dispatcher (see
     ops/_direct.py): the forward computes the gradient, the backward scales it."""
@@ -339,12 +349,7 @@ class _Function(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, grad_lse, _grad_bad):
-        if grad_lse is not None:
-            raise _lse_grad_error()
-        if grad_loss is None:
-            return (None,) * 8
-        (grad,) = ctx.saved_tensors
-        return (scale(grad_loss, grad),) + (None,) * 7
+        return _function_backward(ctx, grad_loss, grad_lse)
 
 
 class _InplaceFunction(torch.autograd.Function):
@@ -367,12 +372,7 @@ class _InplaceFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, grad_lse, _grad_bad):
-        if grad_lse is not None:
-            raise _lse_grad_error()
-        if grad_loss is None:
-            return (None,) * 8
-        (grad,) = ctx.saved_tensors
-        return (scale(grad_loss, grad),) + (None,) * 7
+        return _function_backward(ctx, grad_loss, grad_lse)
 
 
 _apply_function = _direct.bind_apply(_Function)
