@@ -87,14 +87,6 @@ __device__ __forceinline__ A a_log(A v) {
 }
 
 template <typename A>
-__device__ __forceinline__ A nan_of() {
-  if constexpr (sizeof(A) == 8)
-    return __longlong_as_double(0x7ff8000000000000ll);
-  else
-    return __int_as_float(0x7fc00000);
-}
-
-template <typename A>
 __device__ __forceinline__ A neg_inf() {
   if constexpr (sizeof(A) == 8)
     return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
@@ -197,7 +189,7 @@ __device__ __forceinline__ RowCoefs<T, A> finish_row(const Args<A>& a, int64_t r
   const bool valid = t >= 0 && t < a.V;
   RowCoefs<T, A> c;
   c.lse = m + a_log(s);
-  const A wt = valid ? (a.weighted ? weight_at<T>(a, t) : A(1)) : nan_of<A>();
+  const A wt = valid ? (a.weighted ? weight_at<T>(a, t) : A(1)) : quiet_nan<A>();
   // (the hardware reciprocal: an IEEE division's slow-path call costs registers and spills)
   const A sw = a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[0]) : A(1);
   const A sn = a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[1]) : A(1);
@@ -412,7 +404,7 @@ __global__ void __launch_bounds__(kTargetThreads)
     if (weight != nullptr && valid)
       w = w32 ? A(static_cast<const float*>(weight)[t]) : A(to_acc(static_cast<const T*>(weight)[t]));
     if (!valid) {
-      w = nan_of<A>();
+      w = quiet_nan<A>();
       first = first < i ? first : i;
     }
     dw += w;
@@ -466,7 +458,7 @@ __global__ void __launch_bounds__(kTargetThreads)
   if (threadIdx.x == 0) {
     A total = 0;
     for (int w = 0; w < kTargetThreads / 32; ++w) total += partial[w];
-    if (mean && stats[1] == A(0)) total = nan_of<A>();
+    if (mean && stats[1] == A(0)) total = quiet_nan<A>();
     *loss = total;
   }
 }

@@ -34,7 +34,7 @@ import math
 import torch
 
 from . import _direct
-from ._norm import FLOAT_DTYPES, _same_device, acc_dtype, dtype_name, shape_str
+from ._norm import FLOAT_DTYPES, _same_device, acc_dtype, dtype_name, may_overlap, shape_str
 
 forward = torch.ops.fusedops.cross_entropy.default
 forward_ = torch.ops.fusedops.cross_entropy_.default
@@ -55,15 +55,6 @@ def _num(v):
 
 def _leading(logits):
     return "[" + ", ".join(str(s) for s in logits.shape[:-1]) + "]"
-
-
-def _may_overlap(t):
-    extent = 1
-    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride()) if s > 1):
-        if stride < extent:
-            return True
-        extent += stride * (size - 1)
-    return False
 
 
 def check(op, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, in_place=False):
@@ -120,7 +111,7 @@ def check(op, logits, target, weight, ignore_index, reduction, label_smoothing, 
                 f"{op}: logits must have a contiguous last dimension (stride 1) to receive the gradient in place, "
                 f"got stride {logits.stride(-1)}"
             )
-        if logits.numel() > 0 and _may_overlap(logits):
+        if logits.numel() > 0 and may_overlap(logits):
             raise ValueError(
                 f"{op}: logits has elements that share memory (an expanded tensor?), so it cannot receive the "
                 "gradient in place"
@@ -151,7 +142,7 @@ def check_backward(grad_output, grad_logits, op="cross_entropy_backward"):
     if op == "cross_entropy_backward_":
         if grad_logits.shape[-1] > 1 and grad_logits.stride(-1) != 1:
             raise ValueError(f"{op}: grad_logits must have a contiguous last dimension to be scaled in place")
-        if grad_logits.numel() > 0 and _may_overlap(grad_logits):
+        if grad_logits.numel() > 0 and may_overlap(grad_logits):
             raise ValueError(f"{op}: grad_logits has elements that share memory, so it cannot be scaled in place")
 
 
