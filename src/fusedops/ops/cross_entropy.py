@@ -29,6 +29,7 @@ the public function returns it as float32 under autocast (as torch's autocast, w
 cross_entropy in float32, does) and in the logits' dtype outside it.
 """
 
+import collections
 import math
 
 import torch
@@ -164,6 +165,53 @@ def first_bad_target(target, V, ignore_index):
     return int(flat[0, 0]) if flat.numel() else -1
 
 
+CHECK_TARGET_MODES = (True, False, "sync")
+
+
+def check_target_mode(check_target):
+    if not any(check_target is m or (isinstance(m, str) and check_target == m) for m in CHECK_TARGET_MODES):
+        raise ValueError(f"cross_entropy: check_target must be True, False or 'sync', got {check_target!r}")
+    return check_target
+
+
+class _DeferredTargetChecks:
+    """The eager GPU check of the targets without a synchronisation: each call copies its
+    bad-target flag (the index of the first bad row, or -1) into pinned host memory with a
+    non-blocking copy and records an event; the next call, or a backward, looks at the copies
+    whose events have completed (a query, not a wait) and raises for the first bad one. So the
+    error comes from the first cross_entropy call (or backward) that starts after the GPU has
+    finished the offending call, usually the next training step's."""
+
+    MAX_PENDING = 1024  # past this (a host very far ahead of its GPU), the oldest copy is waited for
+
+    def __init__(self):
+        self.pending = collections.deque()
+
+    def add(self, bad, target, V, ignore_index):
+        flag = torch.empty((), dtype=torch.int64, pin_memory=True)
+        flag.copy_(bad, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self.pending.append((done, flag, target, V, ignore_index))
+        if len(self.pending) > self.MAX_PENDING:
+            self.pending[0][0].synchronize()
+
+    def raise_finished(self):
+        while self.pending and self.pending[0][0].query():
+            _done, flag, target, V, ignore_index = self.pending.popleft()
+            index = int(flag)
+            if index >= 0:
+                self.pending.clear()  # (one error; the rest came after it)
+                raise ValueError(
+                    bad_target_message("cross_entropy", target, index, V, ignore_index)
+                    + " (found after that earlier call returned: check_target=True checks without waiting for "
+                    "the GPU; check_target='sync' raises in the call itself)"
+                )
+
+
+deferred_target_checks = _DeferredTargetChecks()
+
+
 # ---- fake kernels ----------------------------------------------------------------------------
 
 
@@ -293,6 +341,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_loss, grad_lse, _grad_grad, _grad_bad):
+    deferred_target_checks.raise_finished()
     if grad_lse is not None:
         raise _lse_grad_error()
     if grad_loss is None or not ctx.needs_input_grad[0]:
@@ -315,6 +364,7 @@ _forward_inplace_entry = forward_._op
 
 def _function_backward(ctx, grad_loss, grad_lse):
     """The backward of both autograd Functions below: the saved gradient, scaled."""
+    deferred_target_checks.raise_finished()
     if grad_lse is not None:
         raise _lse_grad_error()
     if grad_loss is None:
