@@ -361,17 +361,37 @@ def test_wide_rows(device, V, dtype, ls_z_cap):
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
 def test_bad_target_gpu(device):
-    """Eager: a ValueError naming the value (one sync). check_target=False, CUDA-graph capture:
-    no error, the bad row's loss is NaN and nothing is read out of bounds (compute-sanitizer
-    runs this test)."""
+    """Eager: a ValueError naming the value, raised by the next call once the GPU has finished
+    (check_target=True, no sync) or by the call itself ("sync"). check_target=False, CUDA-graph
+    capture: no error, the bad row's loss is NaN and nothing is read out of bounds
+    (compute-sanitizer runs this test)."""
     x, t = _problem(device, shape=(2, 3, 64))
     t[1, 2] = 1000
-    with pytest.raises(ValueError, match=r"target\[1, 2\] = 1000 is outside \[0, 64\) and is not ignore_index"):
-        fusedops.cross_entropy(x, t)
+    good = t.clone()
+    good[1, 2] = 3
+    message = r"target\[1, 2\] = 1000 is outside \[0, 64\) and is not ignore_index"
+    with pytest.raises(ValueError, match=message):
+        fusedops.cross_entropy(x, t, check_target="sync")
+    loss = fusedops.cross_entropy(x, t)  # returns: the check is deferred
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=message + r".*found after that earlier call returned"):
+        fusedops.cross_entropy(x, good)
+    fusedops.cross_entropy(x, good)  # reported once
+    torch.cuda.synchronize()
+    fusedops.cross_entropy(x, good)
+    # A backward after the GPU finished raises too; so does the module.
+    loss = fusedops.nn.CrossEntropyLoss()(x, t)
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=message):
+        loss.backward()
+    with pytest.raises(ValueError, match="check_target must be True, False or 'sync', got 'yes'"):
+        fusedops.cross_entropy(x, good, check_target="yes")
+    with pytest.raises(ValueError, match="check_target must be True, False or 'sync'"):
+        fusedops.nn.CrossEntropyLoss(check_target="later")
     t2 = t.clone()
     t2[1, 2] = -7
     with pytest.raises(ValueError, match=r"target\[1, 2\] = -7 is outside"):
-        fusedops.cross_entropy(x.detach().clone().requires_grad_(), t2, inplace_grad=True)
+        fusedops.cross_entropy(x.detach().clone().requires_grad_(), t2, inplace_grad=True, check_target="sync")
     loss = fusedops.cross_entropy(x, t, reduction="none", check_target=False)
     assert torch.isnan(loss[1, 2]) and torch.isfinite(loss[0]).all()
     (g,) = torch.autograd.grad(loss.sum(), x)
@@ -414,3 +434,41 @@ def test_peak_memory(device):
         params = (h.numel() + w.numel()) * 2
         budget = (0 if inplace else size) + params + 64 * N + (4 << 20)
         assert peak <= budget, (inplace, peak, budget, size)
+
+
+# Widths that pick each CUDA kernel: one block per row at 1, 2 and 8 vectors a thread (bf16),
+# clusters of 2, 4 (LLaMA-3's vocabulary) and 8 blocks, and a width no vector divides (swept).
+# 300 rows: more than the persistent grid has blocks or clusters, so each walks several rows,
+# some ignored, ending on either of the two rows it holds.
+CE_CUDA_WIDTHS = [4096, 8000, 32000, 40960, 128256, 262144, 262143]
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("options", [False, True], ids=["plain", "options"])
+@pytest.mark.parametrize("V", CE_CUDA_WIDTHS)
+def test_rows_of_every_kernel_width(device, V, options):
+    """Losses, lse and gradients (a separate buffer, in place, and none) of 300 bf16 rows against
+    fp64, for every width class of the CUDA kernels (the Triton backend runs it too)."""
+    R = 300
+    g = torch.Generator(device=device).manual_seed(V)
+    x = (3 * torch.randn(R, V, device=device, generator=g)).to(torch.bfloat16)
+    t = torch.randint(0, V, (R,), device=device, generator=g)
+    t[::7] = -100
+    smoothing, z, cap = (0.1, 1e-3, 20.0) if options else (0.0, 0.0, None)
+    xd = x.double().requires_grad_()
+    expected = reference(xd, t, reduction="none", label_smoothing=smoothing, z_loss=z, softcap=cap)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), xd)
+    capped = xd.detach() if cap is None else cap * torch.tanh(xd.detach() / cap)
+    args = (None, -100, "none", smoothing, z, cap)
+
+    loss, lse, grad, _bad = torch.ops.fusedops.cross_entropy(x, t, *args, True)
+    torch.testing.assert_close(loss.double(), expected, atol=1e-4, rtol=1e-4)
+    kept = t != -100
+    torch.testing.assert_close(lse[kept].double(), torch.logsumexp(capped[kept], -1), atol=1e-4, rtol=1e-4)
+    scale = expected_grad.abs().amax()
+    torch.testing.assert_close(grad.double() / scale, expected_grad / scale, atol=8e-3, rtol=0)
+    # Without a gradient, and with the gradient written over the logits: the same numbers.
+    torch.testing.assert_close(torch.ops.fusedops.cross_entropy(x, t, *args, False)[0], loss, atol=0, rtol=0)
+    xi = x.clone()
+    torch.testing.assert_close(torch.ops.fusedops.cross_entropy_(xi, t, *args)[0], loss, atol=0, rtol=0)
+    torch.testing.assert_close(xi, grad, atol=0, rtol=0)

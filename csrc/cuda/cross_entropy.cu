@@ -15,7 +15,14 @@
 //    distributed shared memory, cuda_norm.cuh's machinery) combine those in a fixed order, so
 //    every thread ends with the same row statistics, bit for bit. The gradient is then written
 //    from the registers with 16-byte stores. Up to 8 x 512 x 8 vectors: 262144 bf16/fp16 or
-//    131072 fp32 classes per row.
+//    131072 fp32 classes per row. Two blocks share an SM (61 registers a thread), one loading
+//    while the other computes.
+//    The kernel is bound by instructions as much as by memory, so a column's work is kept to
+//    about five instructions (see share_stats): at 8192 x 128256 bf16 on the H200 (ncu) that cut
+//    the kernel from 2.02 to 1.48 ms with a gradient and from 1.34 to 0.93 ms without; the
+//    cheaper combine (warp_combine) took a little more. (A persistent variant that streamed
+//    rows through shared memory with bulk copies, two rows in flight a block, ran slower: one
+//    block of 16 warps an SM could not hide the latencies that two blocks do.)
 //    Everything else (wider rows, other architectures for rows wider than a block, float64,
 //    rows whose strides or base are not 16-byte aligned) takes the sweep kernel: one block per
 //    row, an online-softmax pass, then a gradient pass that reads the row again (mostly from
@@ -70,12 +77,37 @@ struct Args {
   A eps, z, cap, inv_cap, inv_v;  // (reciprocals from the host: no division in the kernels)
 };
 
+// 2^x in one MUFU instruction (denormal results flush to 0, which no sum of exponentials here
+// notices): exp2f's range fix-ups cost more instructions than the rest of a column's work.
+__device__ __forceinline__ float ex2_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
 template <typename A>
 __device__ __forceinline__ A a_exp(A v) {
   if constexpr (sizeof(A) == 8)
     return exp(v);
   else
-    return exp2f(v * kLog2e);
+    return ex2_approx(v * kLog2e);
+}
+
+// Products and sums that the compiler may not fuse into an FMA: a butterfly's two lanes must
+// compute the same bits (warp_combine relies on it).
+template <typename A>
+__device__ __forceinline__ A mul_rn(A x, A y) {
+  if constexpr (sizeof(A) == 8)
+    return __dmul_rn(x, y);
+  else
+    return __fmul_rn(x, y);
+}
+template <typename A>
+__device__ __forceinline__ A add_rn(A x, A y) {
+  if constexpr (sizeof(A) == 8)
+    return __dadd_rn(x, y);
+  else
+    return __fadd_rn(x, y);
 }
 
 template <typename A>
@@ -84,14 +116,6 @@ __device__ __forceinline__ A a_log(A v) {
     return log(v);
   else
     return logf(v);
-}
-
-template <typename A>
-__device__ __forceinline__ A nan_of() {
-  if constexpr (sizeof(A) == 8)
-    return __longlong_as_double(0x7ff8000000000000ll);
-  else
-    return __int_as_float(0x7fc00000);
 }
 
 template <typename A>
@@ -123,30 +147,37 @@ __device__ __forceinline__ int64_t target_at(const void* t, bool t32, int64_t i)
   return t32 ? int64_t(static_cast<const int32_t*>(t)[i]) : static_cast<const int64_t*>(t)[i];
 }
 
-// (max, sum of exp(x - max), sum of w x): b folded into a. Both maxima -inf: the sums add (0).
+// Combines (m, s, wx) over the 32 lanes of a warp: the maximum first, then each lane's sum
+// rescaled to it and the sums added, all by butterflies, so every lane ends with the same bits
+// (each step adds the same two values on both lanes; the rescaling product is not fused into
+// the sums). Three values need 15 shuffles and one exponential a lane, where combining the
+// triples pairwise took two exponentials a step.
 template <typename A>
-__device__ __forceinline__ void combine(A& m, A& s, A& wx, A m2, A s2, A wx2) {
-  const A mm = m > m2 ? m : m2;
-  const A e1 = m == mm ? A(1) : a_exp(m - mm);
-  const A e2 = m2 == mm ? A(1) : a_exp(m2 - mm);
-  s = s * e1 + s2 * e2;
-  wx += wx2;
+__device__ __forceinline__ void warp_combine(A& m, A& s, A& wx) {
+  A mm = m;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const A o = __shfl_xor_sync(0xffffffffu, mm, offset);
+    mm = o > mm ? o : mm;
+  }
+  if (m != mm) s = mul_rn(s, a_exp(m - mm));  // (mm = -inf: every m is -inf and every s 0)
   m = mm;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    s = add_rn(s, __shfl_xor_sync(0xffffffffu, s, offset));
+    wx = add_rn(wx, __shfl_xor_sync(0xffffffffu, wx, offset));
+  }
 }
 
 // Combines every thread's statistics over the block and, when launched as a cluster, over the
 // cluster: afterwards every thread holds the row's, identical bit for bit. `sh` holds 3 *
-// kWarps values plus the 3-value slot other blocks read; the caller must call
-// cluster_finish() before exiting when blocks > 1.
+// kWarps values plus the 3-value slot other blocks read. In a cluster it ends with the
+// barrier's arrive: the caller must call cluster_wait() before exiting.
+constexpr int kShared = 3 * kWarps + 3;
+
 template <typename A>
 __device__ __forceinline__ void row_combine(A& m, A& s, A& wx, A* sh, unsigned blocks) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const A m2 = __shfl_xor_sync(0xffffffffu, m, offset);
-    const A s2 = __shfl_xor_sync(0xffffffffu, s, offset);
-    const A w2 = __shfl_xor_sync(0xffffffffu, wx, offset);
-    combine(m, s, wx, m2, s2, w2);
-  }
+  warp_combine(m, s, wx);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
   if (lane == 0) {
@@ -155,10 +186,12 @@ __device__ __forceinline__ void row_combine(A& m, A& s, A& wx, A* sh, unsigned b
     sh[2 * kWarps + warp] = wx;
   }
   __syncthreads();
-  m = sh[0];
-  s = sh[kWarps];
-  wx = sh[2 * kWarps];
-  for (int w = 1; w < warps; ++w) combine(m, s, wx, sh[w], sh[kWarps + w], sh[2 * kWarps + w]);
+  // Every warp combines the block's warps the same way (lane w holds warp w's; the other lanes
+  // the neutral (-inf, 0, 0)), so every thread ends with the same bits.
+  m = lane < warps ? sh[lane] : neg_inf<A>();
+  s = lane < warps ? sh[kWarps + lane] : A(0);
+  wx = lane < warps ? sh[2 * kWarps + lane] : A(0);
+  warp_combine(m, s, wx);
   if (blocks > 1) {
     A* slot = sh + 3 * kWarps;
     if (threadIdx.x == 0) {
@@ -168,12 +201,11 @@ __device__ __forceinline__ void row_combine(A& m, A& s, A& wx, A* sh, unsigned b
     }
     cluster_arrive();
     cluster_wait();
-    m = load_cluster_shared(slot, 0);
-    s = load_cluster_shared(slot + 1, 0);
-    wx = load_cluster_shared(slot + 2, 0);
-    for (unsigned r = 1; r < blocks; ++r)
-      combine(m, s, wx, load_cluster_shared(slot, r), load_cluster_shared(slot + 1, r),
-              load_cluster_shared(slot + 2, r));
+    const bool mine = unsigned(lane) < blocks;  // lane r reads block r's slot
+    m = mine ? load_cluster_shared(slot, lane) : neg_inf<A>();
+    s = mine ? load_cluster_shared(slot + 1, lane) : A(0);
+    wx = mine ? load_cluster_shared(slot + 2, lane) : A(0);
+    warp_combine(m, s, wx);
     cluster_arrive();  // this block has read every slot it will read
   }
 }
@@ -197,7 +229,7 @@ __device__ __forceinline__ RowCoefs<T, A> finish_row(const Args<A>& a, int64_t r
   const bool valid = t >= 0 && t < a.V;
   RowCoefs<T, A> c;
   c.lse = m + a_log(s);
-  const A wt = valid ? (a.weighted ? weight_at<T>(a, t) : A(1)) : nan_of<A>();
+  const A wt = valid ? (a.weighted ? weight_at<T>(a, t) : A(1)) : quiet_nan<A>();
   // (the hardware reciprocal: an IEEE division's slow-path call costs registers and spills)
   const A sw = a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[0]) : A(1);
   const A sn = a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[1]) : A(1);
@@ -229,6 +261,137 @@ __device__ __forceinline__ A grad_at(const Args<A>& a, const RowCoefs<T, A>& c, 
   return d;
 }
 
+
+// ---- a thread's share of a row: statistics and gradient ------------------------------------
+//
+// Without the options (softcap, label smoothing) a column costs a handful of instructions: the
+// maximum of 16-bit values is taken two at a time, exp(v - m) is one FMA and one MUFU, and the
+// target's column is the only special one. (Written plainly, with exp2f and a capped() per use,
+// a column took 24 instructions and the kernels were instruction-bound at 1.3 TB/s.)
+
+template <typename T>
+struct Pair;  // two 16-bit values in one register
+template <>
+struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static constexpr uint32_t kNegInf = 0xff80ff80u;
+};
+template <>
+struct Pair<__half> {
+  using type = __half2;
+  static constexpr uint32_t kNegInf = 0xfc00fc00u;
+};
+
+template <typename P>
+__device__ __forceinline__ P pair_bits(uint32_t w) {
+  P p;
+  memcpy(&p, &w, 4);
+  return p;
+}
+
+// exp(v - m), given mb = m log2(e) rounded. For 16-bit logits one FMA: the rounding of mb (half
+// an ulp of m log2(e), a relative 2^-24 of it) shifts every exponential of the row alike, far
+// below the logits' own precision. float32 logits of large magnitude (hundreds) would feel it
+// (2e-5 at 300): they subtract first, exactly when v is near m.
+template <typename T>
+__device__ __forceinline__ float exp_from(float v, float m, float mb) {
+  if constexpr (sizeof(T) == 2)
+    return ex2_approx(fmaf(v, kLog2e, -mb));
+  else
+    return ex2_approx((v - m) * kLog2e);
+}
+
+// The largest of the live vectors' values (NaN ignored, as fmaxf does), -inf when none.
+template <typename T, int VPT, int VEC, typename Live>
+__device__ __forceinline__ float share_max(const Held<T, VEC> (&xv)[VPT], Live live) {
+  if constexpr (sizeof(T) == 2) {
+    using P = typename Pair<T>::type;
+    P mx[VEC / 2];
+#pragma unroll
+    for (int k = 0; k < VEC / 2; ++k) mx[k] = pair_bits<P>(Pair<T>::kNegInf);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (live(i)) {
+#pragma unroll
+        for (int k = 0; k < VEC / 2; ++k) mx[k] = __hmax2(mx[k], pair_bits<P>(xv[i].w[k]));
+      }
+#pragma unroll
+    for (int k = 1; k < VEC / 2; ++k) mx[0] = __hmax2(mx[0], mx[k]);
+    return fmaxf(__low2float(mx[0]), __high2float(mx[0]));
+  } else {
+    float mx = neg_inf<float>();
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (live(i)) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) mx = fmaxf(mx, xv[i].v[e]);
+      }
+    return mx;
+  }
+}
+
+// (max, sum of exp(v - max), sum of w_j v_j) over this thread's live values v_j (capped) of
+// columns col(i) + e.
+template <typename T, int VPT, bool kOptions, int VEC, typename Live, typename Col>
+__device__ __forceinline__ void share_stats(const Args<acc_t<T>>& a, const Held<T, VEC> (&xv)[VPT], Live live,
+                                            Col col, acc_t<T>& m, acc_t<T>& s, acc_t<T>& wx) {
+  using A = acc_t<T>;
+  s = 0;
+  wx = 0;
+  if constexpr (!kOptions) {
+    m = share_max<T, VPT, VEC>(xv, live);
+    if (m == neg_inf<A>()) return;
+    const float mb = m * kLog2e;  // (see exp_from)
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (live(i)) {
+        float part = 0;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) part += exp_from<T>(acc_at(xv[i], e), m, mb);
+        s += part;
+      }
+  } else {
+    m = neg_inf<A>();
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (live(i)) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A v = capped(A(acc_at(xv[i], e)), a);
+          m = v > m ? v : m;  // (a NaN is carried by the sum of exp instead)
+        }
+      }
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (live(i)) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A v = capped(A(acc_at(xv[i], e)), a);
+          if (m != neg_inf<A>()) s += a_exp(v - m);
+          if (a.smoothing) wx += (a.weighted ? weight_at<T>(a, col(i) + e) : A(1)) * v;
+        }
+      }
+  }
+}
+
+// The gradient of vector i's VEC values (columns col .. col + VEC - 1).
+template <typename T, bool kOptions, int VEC>
+__device__ __forceinline__ void vector_grad(const Args<acc_t<T>>& a, const RowCoefs<T, acc_t<T>>& c,
+                                            const Held<T, VEC>& x, int col, int64_t t, acc_t<T> (&d)[VEC]) {
+  using A = acc_t<T>;
+  if constexpr (!kOptions) {
+    const float lb = c.lse * kLog2e;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      d[e] = exp_from<T>(acc_at(x, e), c.lse, lb) * c.cp;
+      if (col + e == t) d[e] -= c.ct;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) d[e] = grad_at<T>(a, c, capped(A(acc_at(x, e)), a), col + e, t);
+  }
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void zero_columns(T* g, int64_t col) {
   acc_t<T> z[VEC];
@@ -250,7 +413,7 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> args
     a.smoothing = false;
   }
   constexpr int VEC = 16 / sizeof(T);
-  __shared__ A sh[3 * kWarps + 3];
+  __shared__ A sh[kShared];
   const unsigned rank = cluster_rank(), blocks = cluster_blocks();
   const int64_t row = blockIdx.x / blocks;
   const int64_t t = target_at(a.target, a.target32, row);
@@ -275,39 +438,11 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> args
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
     if (column(i) < a.V) xv[i] = load_held<T, VEC>(x + column(i));
-  A m = neg_inf<A>();
-#pragma unroll
-  for (int i = 0; i < VPT; ++i)
-    if (column(i) < a.V) {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const A v = capped(A(acc_at(xv[i], e)), a);
-        m = v > m ? v : m;  // (a NaN is carried by the sum of exp instead)
-      }
-    }
-  A s = 0, wx = 0;
-  if (m != neg_inf<A>()) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      if (column(i) < a.V) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const A v = capped(A(acc_at(xv[i], e)), a);
-          s += a_exp(v - m);
-          if (a.smoothing) wx += (a.weighted ? weight_at<T>(a, column(i) + e) : A(1)) * v;
-        }
-      }
-  } else if (a.smoothing) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      if (column(i) < a.V) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e)
-          wx += (a.weighted ? weight_at<T>(a, column(i) + e) : A(1)) * capped(A(acc_at(xv[i], e)), a);
-      }
-  }
   const bool writer = rank == 0 && threadIdx.x == 0;
   const A xt = writer ? target_logit(a, x, t) : A(0);  // (before the barrier: in place, x is overwritten after it)
+  const auto live = [&](int i) { return column(i) < a.V; };
+  A m, s, wx;
+  share_stats<T, VPT, kOptions, VEC>(a, xv, live, column, m, s, wx);
   row_combine(m, s, wx, sh, blocks);
   const RowCoefs<T, A> c = finish_row<T>(a, row, t, m, s, wx, xt, writer);
   if constexpr (kGrad) {
@@ -315,8 +450,7 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> args
     for (int i = 0; i < VPT; ++i)
       if (column(i) < a.V) {
         A d[VEC];
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) d[e] = grad_at<T>(a, c, capped(A(acc_at(xv[i], e)), a), column(i) + e, t);
+        vector_grad<T, kOptions, VEC>(a, c, xv[i], column(i), t, d);
         store_from_acc<T, VEC>(g + column(i), d);
       }
   }
@@ -328,7 +462,7 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> args
 template <typename T, int VEC, bool kGrad>
 __global__ void __launch_bounds__(kThreads) sweep_kernel(const Args<acc_t<T>> a) {
   using A = acc_t<T>;
-  __shared__ A sh[3 * kWarps + 3];
+  __shared__ A sh[kShared];
   const int64_t row = blockIdx.x;
   const int64_t t = target_at(a.target, a.target32, row);
   T* g = kGrad ? static_cast<T*>(a.grad) + a.grad_rows.offset(row) : nullptr;
@@ -412,7 +546,7 @@ __global__ void __launch_bounds__(kTargetThreads)
     if (weight != nullptr && valid)
       w = w32 ? A(static_cast<const float*>(weight)[t]) : A(to_acc(static_cast<const T*>(weight)[t]));
     if (!valid) {
-      w = nan_of<A>();
+      w = quiet_nan<A>();
       first = first < i ? first : i;
     }
     dw += w;
@@ -466,7 +600,7 @@ __global__ void __launch_bounds__(kTargetThreads)
   if (threadIdx.x == 0) {
     A total = 0;
     for (int w = 0; w < kTargetThreads / 32; ++w) total += partial[w];
-    if (mean && stats[1] == A(0)) total = nan_of<A>();
+    if (mean && stats[1] == A(0)) total = quiet_nan<A>();
     *loss = total;
   }
 }

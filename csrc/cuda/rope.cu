@@ -87,14 +87,6 @@ __device__ __forceinline__ Held<T, N> opaque(Held<T, N> h) {
   return h;
 }
 
-template <typename A>
-__device__ __forceinline__ A quiet_nan() {
-  if constexpr (sizeof(A) == 8)
-    return __longlong_as_double(0x7ff8000000000000ll);
-  else
-    return __int_as_float(0x7fc00000);
-}
-
 // Element offset of row (b, head, s) of q or k (heads past Hq are k's), and of its output.
 template <typename T, typename C>
 __device__ __forceinline__ void row_pointers(const Args<T, C>& a, int64_t b, int64_t s, int head, const T*& x, T*& y) {

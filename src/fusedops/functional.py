@@ -4,7 +4,7 @@ Each function is a thin call into the registered op (torch.ops.fusedops.<op>), s
 autocast, torch.compile and the fake kernels all come from the op's registration. In eager mode
 outside autocast the call skips the dispatcher's round trip through Python (ops/_direct.py)."""
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -394,7 +394,7 @@ def cross_entropy(
     z_loss: float = 0.0,
     softcap: Optional[float] = None,
     inplace_grad: bool = False,
-    check_target: bool = True,
+    check_target: Union[bool, str] = True,
 ) -> Tensor:
     r"""Cross-entropy between ``(..., V)`` logits and class-index targets, with the value, the
     log-sum-exp and (when the logits need a gradient) the gradient from one read of the logits.
@@ -429,15 +429,19 @@ def cross_entropy(
             gradient; ignored under torch.compile (which plans memory itself). Nothing else may
             need the logits afterwards (autograd raises if a saved copy was overwritten).
         check_target: on a GPU in eager mode, a target outside ``[0, V)`` that is not
-            ``ignore_index`` raises a ValueError naming it, which costs one synchronisation per
-            call (the kernel records the first bad row; the host reads it). ``False`` skips that
-            read: such rows then give NaN. Never checked under torch.compile or CUDA-graph
-            capture (NaN too). On the CPU the kernel always checks.
+            ``ignore_index`` raises a ValueError naming it. The kernel records the first bad
+            row on the device; with ``True`` the host reads that record without waiting for the
+            GPU (no synchronisation), so the error is raised by the first ``cross_entropy`` call
+            or backward that starts after the GPU has finished the bad call; ``"sync"`` waits
+            and raises in the call itself (one synchronisation per call); ``False`` never
+            checks. Bad rows give NaN whatever the mode. Never checked under torch.compile or
+            CUDA-graph capture (NaN). On the CPU the kernel always checks, in the call.
 
     Returns:
         The loss: 0-d for ``"mean"``/``"sum"``, target's shape for ``"none"``; in the logits'
         dtype (float32 under autocast, as torch). Math in float32 (float64 for float64 logits).
     """
+    _cross_entropy.check_target_mode(check_target)
     compiling = torch.compiler.is_compiling()
     if PRECHECK_ARGUMENTS and not compiling:
         _cross_entropy.check(
@@ -449,6 +453,10 @@ def cross_entropy(
                 raise ValueError(
                     _cross_entropy.bad_target_message("cross_entropy", target, bad, logits.shape[-1], ignore_index)
                 )
+    eager_gpu_check = (check_target is not False and logits.is_cuda and not compiling
+                       and not torch.cuda.is_current_stream_capturing())
+    if eager_gpu_check:
+        _cross_entropy.deferred_target_checks.raise_finished()
     args = (logits, target, weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
             None if softcap is None else float(softcap))
     in_place = inplace_grad and not compiling and torch.is_grad_enabled() and logits.requires_grad
@@ -462,12 +470,15 @@ def cross_entropy(
     else:
         needs_grad = torch.is_grad_enabled() and logits.requires_grad
         loss, _lse, _grad, bad = _cross_entropy_op(*args, needs_grad)
-    if check_target and logits.is_cuda and not compiling and not torch.cuda.is_current_stream_capturing():
-        index = int(bad)  # the one synchronisation
-        if index >= 0:
-            raise ValueError(
-                _cross_entropy.bad_target_message("cross_entropy", target, index, logits.shape[-1], ignore_index)
-            )
+    if eager_gpu_check:
+        if check_target == "sync":
+            index = int(bad)  # the one synchronisation
+            if index >= 0:
+                raise ValueError(
+                    _cross_entropy.bad_target_message("cross_entropy", target, index, logits.shape[-1], ignore_index)
+                )
+        else:
+            _cross_entropy.deferred_target_checks.add(bad, target, logits.shape[-1], ignore_index)
     if loss.dtype != logits.dtype and not torch.is_autocast_enabled(logits.device.type):
         loss = loss.to(logits.dtype)
     return loss

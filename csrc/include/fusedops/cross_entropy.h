@@ -86,20 +86,6 @@ inline std::string leading_shape(const Tensor& t) {
   return s + "]";
 }
 
-// Whether elements of t may share memory (an expanded view).
-inline bool may_overlap(const Tensor& t) {
-  std::vector<std::pair<int64_t, int64_t>> dims;
-  for (int64_t d = 0; d < t.dim(); ++d)
-    if (t.size(d) > 1) dims.push_back({t.stride(d), t.size(d)});
-  std::sort(dims.begin(), dims.end());
-  int64_t extent = 1;
-  for (auto [stride, size] : dims) {
-    if (stride < extent) return true;
-    extent += stride * (size - 1);
-  }
-  return false;
-}
-
 inline Problem make_problem(const char* op, const Tensor& logits, const Tensor& target,
                             const std::optional<Tensor>& weight, int64_t ignore_index, const std::string& reduction,
                             double label_smoothing, double z_loss, std::optional<double> softcap, bool compute_grad,

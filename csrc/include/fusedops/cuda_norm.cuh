@@ -100,11 +100,7 @@ __device__ __forceinline__ double rsqrt_acc(double v) { return rsqrt(v); }
 // 1 / v without the IEEE division's slow-path call (which costs the backward registers): the
 // hardware approximation, within 1 ulp for float; for double, refined by two Newton steps from
 // its ~20 good bits.
-__device__ __forceinline__ float rcp_acc(float v) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
+__device__ __forceinline__ float rcp_acc(float v) { return rcp_approx(v); }
 __device__ __forceinline__ double rcp_acc(double v) {
   double r;
   asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(v));

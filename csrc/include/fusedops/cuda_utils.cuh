@@ -38,6 +38,23 @@ template <> __device__ __forceinline__ double from_acc<double>(double v) { retur
 template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
 
+// A quiet NaN of the accumulation type (what an invalid row's or position's results become).
+template <typename A>
+__device__ __forceinline__ A quiet_nan() {
+  if constexpr (sizeof(A) == 8)
+    return __longlong_as_double(0x7ff8000000000000ll);
+  else
+    return __int_as_float(0x7fc00000);
+}
+
+// 1 / v by the hardware approximation (within 1 ulp), without the IEEE division's Newton step
+// and slow-path call. Subnormal inputs and results flush to 0; 1 / inf = 0.
+__device__ __forceinline__ float rcp_approx(float v) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+
 // N elements of T loaded or stored together (16 bytes when N * sizeof(T) == 16).
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Vec {

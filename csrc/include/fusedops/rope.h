@@ -242,21 +242,6 @@ inline Problem make_problem(const char* op, const char* qn, const char* kn, cons
   return p;
 }
 
-// Whether elements of t may share memory (an expanded view): sorted by stride, each dimension
-// of size > 1 must step over everything inside it.
-inline bool rows_may_overlap(const Tensor& t) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
-  for (int64_t d = 0; d < t.dim(); ++d)
-    if (t.size(d) > 1) dims.push_back({t.stride(d), t.size(d)});
-  std::sort(dims.begin(), dims.end());
-  int64_t extent = 1;
-  for (auto [stride, size] : dims) {
-    if (stride < extent) return true;
-    extent += stride * (size - 1);
-  }
-  return false;
-}
-
 // New outputs shaped like `q` and `k` (absent ones: empty (0,) tensors in `dtype` on `like`).
 inline Outputs new_outputs(const Problem& p, const std::optional<Tensor>& q, const std::optional<Tensor>& k,
                            const Tensor& like) {
@@ -294,9 +279,9 @@ template <class K>
 void rope_inplace(Tensor q, Tensor k, Tensor cos, Tensor sin, std::optional<Tensor> position_ids, bool interleaved) {
   Problem p = make_problem("rope_", "q", "k", q, k, cos, sin, position_ids, interleaved, false);
   // Rows sharing memory would be rotated more than once, by several threads at once.
-  FUSEDOPS_CHECK(q.numel() == 0 || !rows_may_overlap(q), "rope_: q has rows that share memory (an expanded tensor?), "
+  FUSEDOPS_CHECK(q.numel() == 0 || !may_overlap(q), "rope_: q has rows that share memory (an expanded tensor?), "
                  "so it cannot be written in place; pass a contiguous q");
-  FUSEDOPS_CHECK(k.numel() == 0 || !rows_may_overlap(k), "rope_: k has rows that share memory (an expanded tensor?), "
+  FUSEDOPS_CHECK(k.numel() == 0 || !may_overlap(k), "rope_: k has rows that share memory (an expanded tensor?), "
                  "so it cannot be written in place; pass a contiguous k");
   if (p.empty()) return;
   // In place, into q and k themselves or (strided last dimension) into their copies, which are

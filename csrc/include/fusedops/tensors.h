@@ -1,7 +1,9 @@
 // Allocation and layout helpers on torch::stable::Tensor used by every kernel's host code.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -35,6 +37,21 @@ inline torch::stable::Tensor empty_like_device(const torch::stable::Tensor& like
 // `t` itself when already contiguous (no dispatcher call), else a contiguous copy.
 inline torch::stable::Tensor as_contiguous(const torch::stable::Tensor& t) {
   return t.is_contiguous() ? t : torch::stable::contiguous(t);
+}
+
+// Whether elements of t may share memory (an expanded view): sorted by stride, each dimension of
+// size > 1 must step over everything inside it. An in-place write into such a tensor would race.
+inline bool may_overlap(const torch::stable::Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) > 1) dims.push_back({t.stride(d), t.size(d)});
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 1;
+  for (auto [stride, size] : dims) {
+    if (stride < extent) return true;
+    extent += stride * (size - 1);
+  }
+  return false;
 }
 
 }  // namespace fusedops

@@ -1,11 +1,12 @@
 """fusedops.nn.CrossEntropyLoss: a drop-in for torch.nn.CrossEntropyLoss."""
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
 
 from ..functional import cross_entropy
+from ..ops.cross_entropy import check_target_mode
 
 
 class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
@@ -36,13 +37,13 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         z_loss: float = 0.0,
         softcap: Optional[float] = None,
         inplace_grad: bool = False,
-        check_target: bool = True,
+        check_target: Union[bool, str] = True,
     ) -> None:
         super().__init__(weight, size_average, ignore_index, reduce, reduction, label_smoothing)
         self.z_loss = float(z_loss)
         self.softcap = None if softcap is None else float(softcap)
         self.inplace_grad = bool(inplace_grad)
-        self.check_target = bool(check_target)
+        self.check_target = check_target_mode(check_target)
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return cross_entropy(

@@ -110,6 +110,17 @@ def residual_dtype_ok(residual_dtype, input_dtype):
 RESIDUAL_DTYPE_RULE = ": use the input's dtype, or float32 with bfloat16/float16 input"
 
 
+def may_overlap(t):
+    """Whether elements of `t` may share memory (an expanded view): sorted by stride, each
+    dimension of size > 1 must step over everything inside it (tensors.h's may_overlap)."""
+    extent = 1
+    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride()) if s > 1):
+        if stride < extent:
+            return True
+        extent += stride * (size - 1)
+    return False
+
+
 def rows_may_overlap(t):
     """Whether rows of `t` (the last dimension contiguous) may share memory: sorted by stride,
     each leading dimension must step over everything inside it (norm.h's rule)."""

@@ -29,12 +29,13 @@ the public function returns it as float32 under autocast (as torch's autocast, w
 cross_entropy in float32, does) and in the logits' dtype outside it.
 """
 
+import collections
 import math
 
 import torch
 
 from . import _direct
-from ._norm import FLOAT_DTYPES, _same_device, acc_dtype, dtype_name, shape_str
+from ._norm import FLOAT_DTYPES, _same_device, acc_dtype, dtype_name, may_overlap, shape_str
 
 forward = torch.ops.fusedops.cross_entropy.default
 forward_ = torch.ops.fusedops.cross_entropy_.default
@@ -55,15 +56,6 @@ def _num(v):
 
 def _leading(logits):
     return "[" + ", ".join(str(s) for s in logits.shape[:-1]) + "]"
-
-
-def _may_overlap(t):
-    extent = 1
-    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride()) if s > 1):
-        if stride < extent:
-            return True
-        extent += stride * (size - 1)
-    return False
 
 
 def check(op, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, in_place=False):
@@ -120,7 +112,7 @@ def check(op, logits, target, weight, ignore_index, reduction, label_smoothing, 
                 f"{op}: logits must have a contiguous last dimension (stride 1) to receive the gradient in place, "
                 f"got stride {logits.stride(-1)}"
             )
-        if logits.numel() > 0 and _may_overlap(logits):
+        if logits.numel() > 0 and may_overlap(logits):
             raise ValueError(
                 f"{op}: logits has elements that share memory (an expanded tensor?), so it cannot receive the "
                 "gradient in place"
@@ -151,7 +143,7 @@ def check_backward(grad_output, grad_logits, op="cross_entropy_backward"):
     if op == "cross_entropy_backward_":
         if grad_logits.shape[-1] > 1 and grad_logits.stride(-1) != 1:
             raise ValueError(f"{op}: grad_logits must have a contiguous last dimension to be scaled in place")
-        if grad_logits.numel() > 0 and _may_overlap(grad_logits):
+        if grad_logits.numel() > 0 and may_overlap(grad_logits):
             raise ValueError(f"{op}: grad_logits has elements that share memory, so it cannot be scaled in place")
 
 
@@ -171,6 +163,53 @@ def first_bad_target(target, V, ignore_index):
     bad = ((target < 0) | (target >= V)) & (target != ignore_index)
     flat = bad.reshape(-1).nonzero()
     return int(flat[0, 0]) if flat.numel() else -1
+
+
+CHECK_TARGET_MODES = (True, False, "sync")
+
+
+def check_target_mode(check_target):
+    if not any(check_target is m or (isinstance(m, str) and check_target == m) for m in CHECK_TARGET_MODES):
+        raise ValueError(f"cross_entropy: check_target must be True, False or 'sync', got {check_target!r}")
+    return check_target
+
+
+class _DeferredTargetChecks:
+    """The eager GPU check of the targets without a synchronisation: each call copies its
+    bad-target flag (the index of the first bad row, or -1) into pinned host memory with a
+    non-blocking copy and records an event; the next call, or a backward, looks at the copies
+    whose events have completed (a query, not a wait) and raises for the first bad one. So the
+    error comes from the first cross_entropy call (or backward) that starts after the GPU has
+    finished the offending call, usually the next training step's."""
+
+    MAX_PENDING = 1024  # past this (a host very far ahead of its GPU), the oldest copy is waited for
+
+    def __init__(self):
+        self.pending = collections.deque()
+
+    def add(self, bad, target, V, ignore_index):
+        flag = torch.empty((), dtype=torch.int64, pin_memory=True)
+        flag.copy_(bad, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self.pending.append((done, flag, target, V, ignore_index))
+        if len(self.pending) > self.MAX_PENDING:
+            self.pending[0][0].synchronize()
+
+    def raise_finished(self):
+        while self.pending and self.pending[0][0].query():
+            _done, flag, target, V, ignore_index = self.pending.popleft()
+            index = int(flag)
+            if index >= 0:
+                self.pending.clear()  # (one error; the rest came after it)
+                raise ValueError(
+                    bad_target_message("cross_entropy", target, index, V, ignore_index)
+                    + " (found after that earlier call returned: check_target=True checks without waiting for "
+                    "the GPU; check_target='sync' raises in the call itself)"
+                )
+
+
+deferred_target_checks = _DeferredTargetChecks()
 
 
 # ---- fake kernels ----------------------------------------------------------------------------
@@ -302,6 +341,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_loss, grad_lse, _grad_grad, _grad_bad):
+    deferred_target_checks.raise_finished()
     if grad_lse is not None:
         raise _lse_grad_error()
     if grad_loss is None or not ctx.needs_input_grad[0]:
@@ -322,6 +362,17 @@ _forward_entry = forward._op
 _forward_inplace_entry = forward_._op
 
 
+def _function_backward(ctx, grad_loss, grad_lse):
+    """The backward of both autograd Functions below: the saved gradient, scaled."""
+    deferred_target_checks.raise_finished()
+    if grad_lse is not None:
+        raise _lse_grad_error()
+    if grad_loss is None:
+        return (None,) * 8
+    (grad,) = ctx.saved_tensors
+    return (scale(grad_loss, grad),) + (None,) * 7
+
+
 class _Function(torch.autograd.Function):
     """The public function's autograd path without the detour through the dispatcher (see
     ops/_direct.py): the forward computes the gradient, the backward scales it."""
@@ -339,12 +390,7 @@ class _Function(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, grad_lse, _grad_bad):
-        if grad_lse is not None:
-            raise _lse_grad_error()
-        if grad_loss is None:
-            return (None,) * 8
-        (grad,) = ctx.saved_tensors
-        return (scale(grad_loss, grad),) + (None,) * 7
+        return _function_backward(ctx, grad_loss, grad_lse)
 
 
 class _InplaceFunction(torch.autograd.Function):
@@ -367,12 +413,7 @@ class _InplaceFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, grad_lse, _grad_bad):
-        if grad_lse is not None:
-            raise _lse_grad_error()
-        if grad_loss is None:
-            return (None,) * 8
-        (grad,) = ctx.saved_tensors
-        return (scale(grad_loss, grad),) + (None,) * 7
+        return _function_backward(ctx, grad_loss, grad_lse)
 
 
 _apply_function = _direct.bind_apply(_Function)

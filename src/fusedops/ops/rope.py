@@ -134,23 +134,11 @@ def check(op, qn, kn, q, k, cos, sin, position_ids):
         )
 
 
-def _rows_may_overlap(t):
-    """Whether elements of t may share memory (rope.h's rule: sorted by stride, each dimension
-    must step over everything inside it)."""
-    extent = 1
-    dims = sorted((st, s) for s, st in zip(t.shape, t.stride()) if s > 1)
-    for stride, size in dims:
-        if stride < extent:
-            return True
-        extent += stride * (size - 1)
-    return False
-
-
 def check_forward(q, k, cos, sin, position_ids=None, op="rope"):
     check(op, "q", "k", q, k, cos, sin, position_ids)
     if op == "rope_":
         for name, t in (("q", q), ("k", k)):
-            if t.numel() > 0 and _rows_may_overlap(t):
+            if t.numel() > 0 and _norm.may_overlap(t):
                 raise ValueError(
                     f"rope_: {name} has rows that share memory (an expanded tensor?), so it cannot be written in "
                     f"place; pass a contiguous {name}"
