@@ -188,12 +188,19 @@ def test_bad_target_on_cpu_names_it():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_bad_target_on_gpu():
-    """Eager: the public function reads bad_target once and raises naming the row; without the
-    check the loss is NaN (no out-of-bounds read)."""
+    """Eager: the bad row is named by the next call once the GPU has finished (no sync), or by
+    the call itself with check_target="sync"; without the check the loss is NaN (no
+    out-of-bounds read)."""
     h, w, b, t = _inputs(6, 8, 16, "cuda", dtype=torch.bfloat16, ignore_every=0)
+    good = t.clone()
     t[4] = 99
-    with pytest.raises(ValueError, match=r"linear_cross_entropy: target\[4\] = 99 is outside \[0, 16\)"):
-        fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=2)
+    message = r"linear_cross_entropy: target\[4\] = 99 is outside \[0, 16\)"
+    with pytest.raises(ValueError, match=message):
+        fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=2, check_target="sync")
+    fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=2)
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=message + ".*found after that earlier call returned"):
+        fusedops.linear_cross_entropy(h, w, good, b, chunk_rows=2)
     loss = fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=2, check_target=False)
     assert torch.isnan(loss)
 

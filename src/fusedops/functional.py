@@ -478,7 +478,7 @@ def cross_entropy(
                     _cross_entropy.bad_target_message("cross_entropy", target, index, logits.shape[-1], ignore_index)
                 )
         else:
-            _cross_entropy.deferred_target_checks.add(bad, target, logits.shape[-1], ignore_index)
+            _cross_entropy.deferred_target_checks.add("cross_entropy", bad, target, logits.shape[-1], ignore_index)
     if loss.dtype != logits.dtype and not torch.is_autocast_enabled(logits.device.type):
         loss = loss.to(logits.dtype)
     return loss
@@ -501,7 +501,7 @@ def linear_cross_entropy(
     softcap: Optional[float] = None,
     class_weight: Optional[Tensor] = None,
     chunk_rows: Optional[int] = None,
-    check_target: bool = True,
+    check_target: Union[bool, str] = True,
 ) -> Tensor:
     r"""``fusedops.cross_entropy(hidden @ weight.T + bias, target, ...)`` and its gradients with
     respect to ``hidden``, ``weight`` and ``bias``, without ever holding the ``(tokens, V)``
@@ -530,7 +530,12 @@ def linear_cross_entropy(
         them) and scaled in the backward; with ``"none"`` the backward recomputes the logits
         chunk by chunk.
     """
+    _cross_entropy.check_target_mode(check_target)
     compiling = torch.compiler.is_compiling()
+    eager_gpu_check = (check_target is not False and hidden.is_cuda and not compiling
+                       and not torch.cuda.is_current_stream_capturing())
+    if eager_gpu_check:
+        _cross_entropy.deferred_target_checks.raise_finished()
     if not compiling:
         _linear_cross_entropy.check(
             "linear_cross_entropy", hidden, weight, target, bias, class_weight, ignore_index, reduction,
@@ -545,12 +550,17 @@ def linear_cross_entropy(
         hidden, weight, target, bias, class_weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
         None if softcap is None else float(softcap), chunk_rows, needs_grad and reduction != "none",
     )
-    if check_target and hidden.is_cuda and not compiling and not torch.cuda.is_current_stream_capturing():
-        index = int(bad)  # the one synchronisation
-        if index >= 0:
-            raise ValueError(
-                _cross_entropy.bad_target_message("linear_cross_entropy", target, index, weight.shape[0], ignore_index)
-            )
+    if eager_gpu_check:
+        if check_target == "sync":
+            index = int(bad)  # the one synchronisation
+            if index >= 0:
+                raise ValueError(
+                    _cross_entropy.bad_target_message("linear_cross_entropy", target, index, weight.shape[0],
+                                                      ignore_index)
+                )
+        else:
+            _cross_entropy.deferred_target_checks.add("linear_cross_entropy", bad, target, weight.shape[0],
+                                                      ignore_index)
     if loss.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):
         loss = loss.to(hidden.dtype)  # as cross_entropy on the logits, which are in hidden's dtype
     return loss

@@ -1,12 +1,13 @@
 """fusedops.nn.LinearCrossEntropyLoss: an lm_head and its loss in one module."""
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
 
 from ..functional import linear_cross_entropy
+from ..ops.cross_entropy import check_target_mode
 
 
 class LinearCrossEntropyLoss(torch.nn.Module):
@@ -37,7 +38,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         softcap: Optional[float] = None,
         class_weight: Optional[Tensor] = None,
         chunk_rows: Optional[int] = None,
-        check_target: bool = True,
+        check_target: Union[bool, str] = True,
         device=None,
         dtype=None,
     ) -> None:
@@ -57,7 +58,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.z_loss = float(z_loss)
         self.softcap = None if softcap is None else float(softcap)
         self.chunk_rows = chunk_rows
-        self.check_target = bool(check_target)
+        self.check_target = check_target_mode(check_target)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -175,7 +175,8 @@ def check_target_mode(check_target):
 
 
 class _DeferredTargetChecks:
-    """The eager GPU check of the targets without a synchronisation: each call copies its
+    """The eager GPU check of the targets without a synchronisation (cross_entropy and
+    linear_cross_entropy share it): each call copies its
     bad-target flag (the index of the first bad row, or -1) into pinned host memory with a
     non-blocking copy and records an event; the next call, or a backward, looks at the copies
     whose events have completed (a query, not a wait) and raises for the first bad one. So the
@@ -187,23 +188,23 @@ class _DeferredTargetChecks:
     def __init__(self):
         self.pending = collections.deque()
 
-    def add(self, bad, target, V, ignore_index):
+    def add(self, op, bad, target, V, ignore_index):
         flag = torch.empty((), dtype=torch.int64, pin_memory=True)
         flag.copy_(bad, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        self.pending.append((done, flag, target, V, ignore_index))
+        self.pending.append((done, flag, op, target, V, ignore_index))
         if len(self.pending) > self.MAX_PENDING:
             self.pending[0][0].synchronize()
 
     def raise_finished(self):
         while self.pending and self.pending[0][0].query():
-            _done, flag, target, V, ignore_index = self.pending.popleft()
+            _done, flag, op, target, V, ignore_index = self.pending.popleft()
             index = int(flag)
             if index >= 0:
                 self.pending.clear()  # (one error; the rest came after it)
                 raise ValueError(
-                    bad_target_message("cross_entropy", target, index, V, ignore_index)
+                    bad_target_message(op, target, index, V, ignore_index)
                     + " (found after that earlier call returned: check_target=True checks without waiting for "
                     "the GPU; check_target='sync' raises in the call itself)"
                 )
