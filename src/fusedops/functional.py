@@ -441,7 +441,6 @@ def cross_entropy(
         The loss: 0-d for ``"mean"``/``"sum"``, target's shape for ``"none"``; in the logits'
         dtype (float32 under autocast, as torch). Math in float32 (float64 for float64 logits).
     """
-    _cross_entropy.check_target_mode(check_target)
     compiling = torch.compiler.is_compiling()
     if PRECHECK_ARGUMENTS and not compiling:
         _cross_entropy.check(
@@ -453,10 +452,7 @@ def cross_entropy(
                 raise ValueError(
                     _cross_entropy.bad_target_message("cross_entropy", target, bad, logits.shape[-1], ignore_index)
                 )
-    eager_gpu_check = (check_target is not False and logits.is_cuda and not compiling
-                       and not torch.cuda.is_current_stream_capturing())
-    if eager_gpu_check:
-        _cross_entropy.deferred_target_checks.raise_finished()
+    gpu_check = _cross_entropy.GpuTargetCheck.start("cross_entropy", check_target, logits, compiling)
     args = (logits, target, weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
             None if softcap is None else float(softcap))
     in_place = inplace_grad and not compiling and torch.is_grad_enabled() and logits.requires_grad
@@ -470,15 +466,8 @@ def cross_entropy(
     else:
         needs_grad = torch.is_grad_enabled() and logits.requires_grad
         loss, _lse, _grad, bad = _cross_entropy_op(*args, needs_grad)
-    if eager_gpu_check:
-        if check_target == "sync":
-            index = int(bad)  # the one synchronisation
-            if index >= 0:
-                raise ValueError(
-                    _cross_entropy.bad_target_message("cross_entropy", target, index, logits.shape[-1], ignore_index)
-                )
-        else:
-            _cross_entropy.deferred_target_checks.add("cross_entropy", bad, target, logits.shape[-1], ignore_index)
+    if gpu_check is not None:
+        gpu_check.finish(bad, target, logits.shape[-1], ignore_index)
     if loss.dtype != logits.dtype and not torch.is_autocast_enabled(logits.device.type):
         loss = loss.to(logits.dtype)
     return loss
@@ -520,8 +509,9 @@ def linear_cross_entropy(
             :func:`fusedops.cross_entropy`.
         class_weight: optional ``(V,)`` class weights (cross_entropy's ``weight``). No gradient.
         chunk_rows: rows per chunk; ``None`` picks as many as keep one chunk's logits within
-            ``fusedops.ops.linear_cross_entropy.CHUNK_BYTES`` (64 MiB). Larger chunks make the
-            products faster and cost that many more bytes.
+            ``fusedops.ops.linear_cross_entropy.CHUNK_BYTES_CUDA`` (1 GiB) on a GPU,
+            ``CHUNK_BYTES`` (64 MiB) on the CPU. Larger chunks make the products faster and
+            cost that many more bytes.
 
     Returns:
         The loss: 0-d for ``"mean"``/``"sum"``, target's shape for ``"none"``; in hidden's dtype
@@ -530,12 +520,8 @@ def linear_cross_entropy(
         them) and scaled in the backward; with ``"none"`` the backward recomputes the logits
         chunk by chunk.
     """
-    _cross_entropy.check_target_mode(check_target)
     compiling = torch.compiler.is_compiling()
-    eager_gpu_check = (check_target is not False and hidden.is_cuda and not compiling
-                       and not torch.cuda.is_current_stream_capturing())
-    if eager_gpu_check:
-        _cross_entropy.deferred_target_checks.raise_finished()
+    gpu_check = _cross_entropy.GpuTargetCheck.start("linear_cross_entropy", check_target, hidden, compiling)
     if not compiling:
         _linear_cross_entropy.check(
             "linear_cross_entropy", hidden, weight, target, bias, class_weight, ignore_index, reduction,
@@ -550,17 +536,8 @@ def linear_cross_entropy(
         hidden, weight, target, bias, class_weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
         None if softcap is None else float(softcap), chunk_rows, needs_grad and reduction != "none",
     )
-    if eager_gpu_check:
-        if check_target == "sync":
-            index = int(bad)  # the one synchronisation
-            if index >= 0:
-                raise ValueError(
-                    _cross_entropy.bad_target_message("linear_cross_entropy", target, index, weight.shape[0],
-                                                      ignore_index)
-                )
-        else:
-            _cross_entropy.deferred_target_checks.add("linear_cross_entropy", bad, target, weight.shape[0],
-                                                      ignore_index)
+    if gpu_check is not None:
+        gpu_check.finish(bad, target, weight.shape[0], ignore_index)
     if loss.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):
         loss = loss.to(hidden.dtype)  # as cross_entropy on the logits, which are in hidden's dtype
     return loss

@@ -58,7 +58,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.z_loss = float(z_loss)
         self.softcap = None if softcap is None else float(softcap)
         self.chunk_rows = chunk_rows
-        self.check_target = check_target_mode(check_target)
+        self.check_target = check_target_mode(check_target, "linear_cross_entropy")
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -47,6 +47,8 @@ def use_triton_for_cuda() -> None:
         # Replacing the C++ CUDA kernels is the point; torch warns about each override.
         warnings.simplefilter("ignore")
         for module in OPS.values():
+            if getattr(module, "DISPATCHES_TO_FUSEDOPS_OPS", False):
+                continue  # (a composite over other fusedops ops, which switch themselves)
             for name, kernel in module.TRITON_IMPLS.items():
                 lib.impl(name, kernel, "CUDA")
     _triton_lib = lib

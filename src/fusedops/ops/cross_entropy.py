@@ -168,20 +168,20 @@ def first_bad_target(target, V, ignore_index):
 CHECK_TARGET_MODES = (True, False, "sync")
 
 
-def check_target_mode(check_target):
+def check_target_mode(check_target, op="cross_entropy"):
     if not any(check_target is m or (isinstance(m, str) and check_target == m) for m in CHECK_TARGET_MODES):
-        raise ValueError(f"cross_entropy: check_target must be True, False or 'sync', got {check_target!r}")
+        raise ValueError(f"{op}: check_target must be True, False or 'sync', got {check_target!r}")
     return check_target
 
 
 class _DeferredTargetChecks:
     """The eager GPU check of the targets without a synchronisation (cross_entropy and
-    linear_cross_entropy share it): each call copies its
-    bad-target flag (the index of the first bad row, or -1) into pinned host memory with a
-    non-blocking copy and records an event; the next call, or a backward, looks at the copies
-    whose events have completed (a query, not a wait) and raises for the first bad one. So the
-    error comes from the first cross_entropy call (or backward) that starts after the GPU has
-    finished the offending call, usually the next training step's."""
+    linear_cross_entropy share it): each call copies its bad-target flag (the index of the
+    first bad row, or -1) into pinned host memory with a non-blocking copy and records an event;
+    the next call, or a backward, looks at the copies whose events have completed (a query, not
+    a wait) and raises for the first bad one. So the error comes from the first call (or
+    backward) that starts after the GPU has finished the offending call, usually the next
+    training step's. The target's value in the message is read when raising."""
 
     MAX_PENDING = 1024  # past this (a host very far ahead of its GPU), the oldest copy is waited for
 
@@ -211,6 +211,33 @@ class _DeferredTargetChecks:
 
 
 deferred_target_checks = _DeferredTargetChecks()
+
+
+class GpuTargetCheck:
+    """The public functions' eager bad-target check on a GPU (cross_entropy and
+    linear_cross_entropy). ``start``, before the launch, validates ``check_target`` and raises
+    for an earlier call's bad target; it returns None when there is nothing to check (CPU,
+    False, compiling, CUDA-graph capture). ``finish``, after the launch, takes the op's
+    ``bad_target`` output."""
+
+    def __init__(self, op, mode):
+        self.op, self.mode = op, mode
+
+    @classmethod
+    def start(cls, op, check_target, tensor, compiling):
+        check_target_mode(check_target, op)
+        if check_target is False or not tensor.is_cuda or compiling or torch.cuda.is_current_stream_capturing():
+            return None
+        deferred_target_checks.raise_finished()
+        return cls(op, check_target)
+
+    def finish(self, bad, target, V, ignore_index):
+        if self.mode == "sync":
+            index = int(bad)  # the one synchronisation
+            if index >= 0:
+                raise ValueError(bad_target_message(self.op, target, index, V, ignore_index))
+        else:
+            deferred_target_checks.add(self.op, bad, target, V, ignore_index)
 
 
 # ---- fake kernels ----------------------------------------------------------------------------
