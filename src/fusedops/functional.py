@@ -473,7 +473,6 @@ def cross_entropy(
     return loss
 
 
-
 _linear_cross_entropy_op = _linear_cross_entropy.forward
 
 
