@@ -157,12 +157,19 @@ def bad_target_message(op, target, index, V, ignore_index):
     )
 
 
+def bad_target_index(target, V, ignore_index):
+    """Flat index of the first target outside [0, V) that is not ignore_index, or -1, as a 0-d
+    int64 tensor on target's device (computed there: no sync)."""
+    bad = (((target < 0) | (target >= V)) & (target != ignore_index)).reshape(-1)
+    if bad.numel() == 0:
+        return torch.full((), -1, dtype=torch.int64, device=target.device)
+    first = bad.to(torch.int8).argmax()
+    return torch.where(bad.any(), first, torch.full_like(first, -1))
+
+
 def first_bad_target(target, V, ignore_index):
-    """Flat index of the first target outside [0, V) that is not ignore_index, or -1 (reads the
-    targets: a sync on a GPU)."""
-    bad = ((target < 0) | (target >= V)) & (target != ignore_index)
-    flat = bad.reshape(-1).nonzero()
-    return int(flat[0, 0]) if flat.numel() else -1
+    """bad_target_index as a Python int (reads it: a sync on a GPU)."""
+    return int(bad_target_index(target, V, ignore_index))
 
 
 CHECK_TARGET_MODES = (True, False, "sync")

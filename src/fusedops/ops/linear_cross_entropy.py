@@ -203,15 +203,6 @@ def _accumulate_mm(acc, a, b):
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
 
 
-def bad_target_index(target_flat, V, ignore_index):
-    """The flat index of the first bad target, or -1, as a 0-d int64 device tensor (no sync)."""
-    bad = ((target_flat < 0) | (target_flat >= V)) & (target_flat != ignore_index)
-    if bad.numel() == 0:
-        return torch.full((), -1, dtype=torch.int64, device=target_flat.device)
-    first = bad.to(torch.int8).argmax()
-    return torch.where(bad.any(), first, torch.full_like(first, -1))
-
-
 def _plan(target_flat, class_weight, ignore_index, reduction, z_loss, acc, V):
     """(class weights the chunks use, the factor every result is multiplied by at the end, or
     None) for the whole batch; device arithmetic only."""
@@ -320,7 +311,7 @@ def _make_forward(kernels):
         V = weight.shape[0]
         _check_targets_cpu(OP, target, V, ignore_index)
         with _direct.BelowAutograd(), torch.no_grad():
-            bad = bad_target_index(target.reshape(-1), V, ignore_index)
+            bad = _ce.bad_target_index(target, V, ignore_index)
             loss, gh, gw, gb = compute(kernels, hidden, weight, target, bias, class_weight, ignore_index, reduction,
                                        label_smoothing, z_loss, softcap, chunk_rows, want_loss=True,
                                        want_grad=compute_grad)
