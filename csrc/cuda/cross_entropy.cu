@@ -93,15 +93,8 @@ __device__ __forceinline__ A a_exp(A v) {
     return ex2_approx(v * kLog2e);
 }
 
-// Products and sums that the compiler may not fuse into an FMA: a butterfly's two lanes must
-// compute the same bits (warp_combine relies on it).
-template <typename A>
-__device__ __forceinline__ A mul_rn(A x, A y) {
-  if constexpr (sizeof(A) == 8)
-    return __dmul_rn(x, y);
-  else
-    return __fmul_rn(x, y);
-}
+// A sum the compiler may not fuse with the product before it into an FMA: a butterfly's two
+// lanes must compute the same bits (warp_combine relies on it).
 template <typename A>
 __device__ __forceinline__ A add_rn(A x, A y) {
   if constexpr (sizeof(A) == 8)
@@ -160,7 +153,7 @@ __device__ __forceinline__ void warp_combine(A& m, A& s, A& wx) {
     const A o = __shfl_xor_sync(0xffffffffu, mm, offset);
     mm = o > mm ? o : mm;
   }
-  if (m != mm) s = mul_rn(s, a_exp(m - mm));  // (mm = -inf: every m is -inf and every s 0)
+  if (m != mm) s *= a_exp(m - mm);  // (mm = -inf: every m is -inf and every s 0)
   m = mm;
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
@@ -261,13 +254,12 @@ __device__ __forceinline__ A grad_at(const Args<A>& a, const RowCoefs<T, A>& c, 
   return d;
 }
 
-
 // ---- a thread's share of a row: statistics and gradient ------------------------------------
 //
 // Without the options (softcap, label smoothing) a column costs a handful of instructions: the
 // maximum of 16-bit values is taken two at a time, exp(v - m) is one FMA and one MUFU, and the
 // target's column is the only special one. (Written plainly, with exp2f and a capped() per use,
-// a column took 24 instructions and the kernels were instruction-bound at 1.3 TB/s.)
+// a column took 24 instructions and the kernel was instruction-bound at 1.6 TB/s reading.)
 
 template <typename T>
 struct Pair;  // two 16-bit values in one register
