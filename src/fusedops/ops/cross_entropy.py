@@ -58,6 +58,18 @@ def _leading(logits):
     return "[" + ", ".join(str(s) for s in logits.shape[:-1]) + "]"
 
 
+def check_options(op, reduction, label_smoothing, z_loss, softcap):
+    """The loss options' checks (linear_cross_entropy's too)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got '{reduction}'")
+    if not (0.0 <= label_smoothing <= 1.0):
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {_num(label_smoothing)}")
+    if not (z_loss >= 0.0 and math.isfinite(z_loss)):
+        raise ValueError(f"{op}: z_loss must be a finite number >= 0, got {_num(z_loss)}")
+    if softcap is not None and not (softcap > 0.0 and math.isfinite(softcap)):
+        raise ValueError(f"{op}: softcap must be a finite number > 0 (or None), got {_num(softcap)}")
+
+
 def check(op, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, in_place=False):
     """The checks of csrc/include/fusedops/cross_entropy.h (make_problem), in the same words."""
     if logits.dim() < 1:
@@ -98,14 +110,7 @@ def check(op, logits, target, weight, ignore_index, reduction, label_smoothing, 
             )
         if not _same_device(weight, logits):
             raise ValueError(f"{op}: weight is on {_device_str(weight)} but logits is on {_device_str(logits)}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got '{reduction}'")
-    if not (0.0 <= label_smoothing <= 1.0):
-        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {_num(label_smoothing)}")
-    if not (z_loss >= 0.0 and math.isfinite(z_loss)):
-        raise ValueError(f"{op}: z_loss must be a finite number >= 0, got {_num(z_loss)}")
-    if softcap is not None and not (softcap > 0.0 and math.isfinite(softcap)):
-        raise ValueError(f"{op}: softcap must be a finite number > 0 (or None), got {_num(softcap)}")
+    check_options(op, reduction, label_smoothing, z_loss, softcap)
     if in_place:
         if V != 1 and logits.stride(-1) != 1:
             raise ValueError(

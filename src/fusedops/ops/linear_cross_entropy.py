@@ -59,7 +59,6 @@ parameter gets its gradient in float32 straight from the float32 accumulator, ne
 bfloat16 on the way. The loss is float32.
 """
 
-import math
 
 import torch
 
@@ -133,14 +132,7 @@ def check(op, hidden, weight, target, bias, class_weight, ignore_index, reductio
             )
         if not _same_device(t, hidden):
             raise ValueError(f"{op}: {name} is on {_dev(t)} but hidden is on {_dev(hidden)}")
-    if reduction not in _ce.REDUCTIONS:
-        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got '{reduction}'")
-    if not (0.0 <= label_smoothing <= 1.0):
-        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {_ce._num(label_smoothing)}")
-    if not (z_loss >= 0.0 and math.isfinite(z_loss)):
-        raise ValueError(f"{op}: z_loss must be a finite number >= 0, got {_ce._num(z_loss)}")
-    if softcap is not None and not (softcap > 0.0 and math.isfinite(softcap)):
-        raise ValueError(f"{op}: softcap must be a finite number > 0 (or None), got {_ce._num(softcap)}")
+    _ce.check_options(op, reduction, label_smoothing, z_loss, softcap)
     if chunk_rows is not None and chunk_rows < 1:
         raise ValueError(f"{op}: chunk_rows must be >= 1 (or None: automatic), got {chunk_rows}")
 
