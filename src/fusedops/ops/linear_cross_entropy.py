@@ -59,7 +59,6 @@ parameter gets its gradient in float32 straight from the float32 accumulator, ne
 bfloat16 on the way. The loss is float32.
 """
 
-
 import torch
 
 from . import _direct
