@@ -70,13 +70,16 @@ STABLE_TORCH_LIBRARY(fusedops, m) {
   // function passes bshd and packed thd inputs as views of this layout), in one launch. cos/sin
   // are (1 or B, S, R), or (P, R) tables indexed by position_ids (1 or B, S); features from R on
   // pass through. Outputs keep q's and k's strides when those are dense (else contiguous).
+  // bad_position: the flat (batch, seq) index of the first position outside the tables, or -1
+  // (its rotated features are NaN; nothing is read out of bounds). Always -1 without
+  // position_ids, and on the CPU, whose kernel raises instead.
   m.def(
       "rope(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? position_ids=None, bool interleaved=False) "
-      "-> (Tensor q_out, Tensor k_out)");
+      "-> (Tensor q_out, Tensor k_out, Tensor bad_position)");
   // The same, rotating q and k where they are (no autograd: an inference form).
   m.def(
       "rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor? position_ids=None, "
-      "bool interleaved=False) -> ()");
+      "bool interleaved=False) -> Tensor bad_position");
   // The transpose of the rotation, applied to the incoming gradients (absent: zero; its output
   // is then an empty tensor). Linear, so its own gradient is rope again.
   m.def(

@@ -212,7 +212,7 @@ def test_inverse_rotation(device):
     for interleaved in (False, True):
         c, s = _rotation_tables(torch.arange(7, device=device)[None], 64, torch.float64, device, interleaved)
         y = torch.ops.fusedops.rope(q, k, c, s, None, interleaved)
-        back = torch.ops.fusedops.rope_backward(*y, c, s, None, interleaved)
+        back = torch.ops.fusedops.rope_backward(*y[:2], c, s, None, interleaved)
         torch.testing.assert_close(back[0], q)
         torch.testing.assert_close(back[1], k)
 
@@ -259,17 +259,37 @@ def test_bad_layout_and_shapes():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_positions_out_of_range_raise(device):
-    """Eager calls name the first bad position (CPU: the kernel; GPU: a check before the launch)."""
+    """Eager calls name the first bad position: on the CPU the kernel, in the call; on a GPU the
+    call itself with check_positions="sync", else the next call once the GPU has finished."""
     q, k = torch.randn(6, 4, 8, device=device), torch.randn(6, 2, 8, device=device)
     table = torch.randn(4, 8, device=device)
+    good = torch.tensor([0, 1, 2, 3, 2, 0], device=device)
     for positions, match in [
         (torch.tensor([0, 1, 2, 3, 4, 0], device=device), r"rope: position_ids\[0, 4\] = 4 is outside the cos/sin tables' 4 rows"),
-        (torch.tensor([0, -2, 1, 2, 3, 0], device=device, dtype=torch.int32), r"rope: position_ids\[0, 1\] = -2 is outside"),
+        (torch.tensor([0, -2, 1, 5, 3, 0], device=device, dtype=torch.int32), r"rope: position_ids\[0, 1\] = -2 is outside"),
     ]:
-        with pytest.raises(ValueError, match=match):
-            fusedops.rope(q, k, table, table, layout="thd", position_ids=positions)
-        with pytest.raises(ValueError, match=match.replace("rope:", "rope_:")):
-            fusedops.rope_(q, k, table, table, layout="thd", position_ids=positions)
+        for op, name in ((fusedops.rope, "rope:"), (fusedops.rope_, "rope_:")):
+            message = match.replace("rope:", name)
+            if device == "cpu":
+                with pytest.raises(ValueError, match=message):
+                    op(q, k, table, table, layout="thd", position_ids=positions)
+                continue
+            with pytest.raises(ValueError, match=message):
+                op(q, k, table, table, layout="thd", position_ids=positions, check_positions="sync")
+            op(q, k, table, table, layout="thd", position_ids=positions)  # returns: the check is deferred
+            torch.cuda.synchronize()
+            with pytest.raises(ValueError, match=message + r".*found after that earlier call returned: "
+                               r"check_positions=True checks without waiting"):
+                op(q, k, table, table, layout="thd", position_ids=good)
+            op(q, k, table, table, layout="thd", position_ids=good)  # reported once
+            out = op(q, k, table, table, layout="thd", position_ids=positions, check_positions=False)
+            torch.cuda.synchronize()
+            op(q, k, table, table, layout="thd", position_ids=good)  # False: nothing recorded
+            assert out[0][4 if "4 is" in match else 1].isnan().all()
+    with pytest.raises(ValueError, match=r"rope: check_positions must be True, False or 'sync', got 'later'"):
+        fusedops.rope(q, k, table, table, layout="thd", position_ids=good, check_positions="later")
+    with pytest.raises(ValueError, match=r"rope_: check_positions must be True, False or 'sync', got 1"):
+        fusedops.rope_(q, k, table, table, layout="thd", position_ids=good, check_positions=1)
 
 
 @pytest.mark.gpu
@@ -281,7 +301,8 @@ def test_positions_out_of_range_gpu_kernels_write_nan():
     q, k = torch.randn(1, 4, 3, 32, device="cuda"), torch.randn(1, 2, 3, 32, device="cuda")
     table = torch.randn(4, 16, device="cuda")
     positions = torch.tensor([[1, 1 << 40, -3]], device="cuda")
-    q_out, k_out = torch.ops.fusedops.rope(q, k, table, table, positions)
+    q_out, k_out, bad = torch.ops.fusedops.rope(q, k, table, table, positions)
+    assert bad.item() == 1  # the first bad position's flat index
     good = reference(q[:, :, :1], k[:, :, :1], table, table, positions[:, :1])
     torch.testing.assert_close(q_out[:, :, :1], good[0])
     torch.testing.assert_close(k_out[:, :, :1], good[1])

@@ -35,8 +35,8 @@ fusedops::linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tens
 fusedops::linear_cross_entropy_backward(Tensor grad_output, Tensor hidden, Tensor weight, Tensor target, Tensor? bias, Tensor? class_weight, int ignore_index, str reduction, float label_smoothing, float z_loss, float? softcap, int? chunk_rows) -> (Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)
 fusedops::rms_norm(Tensor input, Tensor? weight, float eps, float offset=0., bool cast_before_weight=False, bool save_output=False) -> (Tensor output, Tensor rstd)
 fusedops::rms_norm_backward(Tensor grad_output, Tensor saved, Tensor? weight, Tensor rstd, float offset, bool saved_is_output, bool weight_requires_grad) -> (Tensor grad_input, Tensor grad_weight)
-fusedops::rope(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? position_ids=None, bool interleaved=False) -> (Tensor q_out, Tensor k_out)
-fusedops::rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor? position_ids=None, bool interleaved=False) -> ()
+fusedops::rope(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? position_ids=None, bool interleaved=False) -> (Tensor q_out, Tensor k_out, Tensor bad_position)
+fusedops::rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor? position_ids=None, bool interleaved=False) -> Tensor bad_position
 fusedops::rope_backward(Tensor? grad_q_out, Tensor? grad_k_out, Tensor cos, Tensor sin, Tensor? position_ids, bool interleaved) -> (Tensor grad_q, Tensor grad_k)
 fusedops::swiglu(Tensor gate, Tensor up) -> Tensor
 fusedops::swiglu_backward(Tensor grad_output, Tensor gate, Tensor up) -> (Tensor grad_gate, Tensor grad_up)

@@ -198,13 +198,13 @@ def _fusedops_raw(case, device):
     # (the op takes and returns (B, H, S, D) views; the outputs are viewed back in the layout)
     def run(q, k, cos, sin, position_ids, layout, interleaved):
         if layout == "bshd":
-            q_out, k_out = op(q.transpose(1, 2), k.transpose(1, 2), cos, sin, None, interleaved)
+            q_out, k_out, _bad = op(q.transpose(1, 2), k.transpose(1, 2), cos, sin, None, interleaved)
             return q_out.transpose(1, 2), k_out.transpose(1, 2)
         if layout == "thd":
-            q_out, k_out = op(q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2), cos, sin,
-                              position_ids[None], interleaved)
+            q_out, k_out, _bad = op(q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2), cos, sin,
+                                    position_ids[None], interleaved)
             return q_out.transpose(1, 2)[0], k_out.transpose(1, 2)[0]
-        return op(q, k, cos, sin, None, interleaved)
+        return op(q, k, cos, sin, None, interleaved)[:2]
 
     return run
 

@@ -190,6 +190,7 @@ struct Kernels {
       else
         check_positions(p, p.position_ids->const_data_ptr<int64_t>(), op);
     }
+    if (o.bad_position) *o.bad_position->mutable_data_ptr<int64_t>() = -1;  // (checked above)
     dispatch_float(p.dtype, op, [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {

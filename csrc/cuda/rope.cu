@@ -1,18 +1,18 @@
 // rope, rope_ and rope_backward on CUDA (the math: fusedops/rope.h).
 //
 // Memory-bound: q and k are read once and the outputs written once, in one launch for both.
-// A thread owns one "unit" of the rotary features of a position: VEC elements and their
-// partners (rotate-half: the VEC elements j.. and j + R/2..; interleaved: VEC adjacent elements
-// holding VEC/2 pairs), VEC = 16 bytes of T. It loads that unit's cosines and sines once, held
-// as stored (packed 16-bit words for 16-bit tables), and applies them to every head of q and
-// then k at that position, kUnroll heads' loads in flight at a time: cos/sin are read once per
-// launch, and each head costs two 16-byte loads and two 16-byte stores per thread. Features
-// past R are copied by the same threads when the output is a new tensor.
+// A thread does one task: one "unit" of one row (a head of a position). A rotary unit is VEC
+// elements and their partners (rotate-half: the VEC elements j.. and j + R/2..; interleaved:
+// VEC adjacent elements holding VEC/2 pairs), VEC = 16 bytes of T; a pass-through unit copies
+// up to two chunks of the features past R when the output is a new tensor. The task's cos/sin
+// chunks are loaded again for every head: they are few (the tables are at most 1/10 of q and
+// k) and stay in L1/L2. Tasks follow each tensor's memory order of rows (q's rows, then k's),
+// so neighbouring threads read neighbouring bytes whatever the layout (bhsd, bshd, thd).
 //
-// A block is (units, positions, head lanes): the positions per block shrink and the head
-// lanes grow until the grid has two blocks per SM, so decode shapes (a few positions, many
-// heads) still spread over the GPU; the grid's second dimension then splits the heads into
-// groups until it is several waves deep. Tensors whose strides or base addresses do not allow
+// This replaced a mapping where a thread owned a unit of one position and walked every head,
+// loading cos/sin once (H200, LLaMA-3-8B shape, bf16, forward, in a standalone comparison of
+// the two: 3.82 -> 3.91 TB/s bhsd, 3.74 -> 3.98 bshd, and partial rotary 2.7 -> 4.07, which
+// the old mapping ran as two sweeps). Tensors whose strides or base addresses do not allow
 // 16-byte accesses (or whose R/2 is not a multiple of VEC) take the same kernel with scalar
 // accesses. All offsets are 64-bit.
 #include <torch/csrc/stable/accelerator.h>
@@ -30,7 +30,43 @@ namespace {
 using namespace fusedops::cuda;
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 2;  // heads in flight per thread
+// Resident blocks an SM: a task's loads are all its work, so latency is hidden by threads in
+// flight. Six (at most 40 registers a thread) for bf16 with bf16 tables, H200, LLaMA-3-8B
+// shape, forward: 3.64 -> 3.90 TB/s bhsd and 3.62 -> 3.93 bshd against the 64 registers the
+// compiler picks unbounded; eight (32 registers) spill; two or four tasks a thread are slower
+// (3.41, 3.47). Fewer where the conversions need more registers (no spills anywhere).
+template <typename T, typename C>
+constexpr int min_blocks() {
+  if constexpr (sizeof(C) > sizeof(T)) return 4;  // 16-bit q and k, float32 tables
+  if constexpr (std::is_same_v<T, __half>) return 5;
+  return 6;
+}
+
+// n / d for 0 <= n < 2^31 by a multiply-high, an add and a shift (d's magic number is made on
+// the host): a task decodes its row with three of these instead of 64-bit divisions, which
+// cost more instructions than moving the task's bytes.
+struct FastDiv {
+  uint32_t d = 1, magic = 1, shift = 0;
+};
+
+inline FastDiv fast_div(int64_t d) {
+  FastDiv f;
+  f.d = uint32_t(d);
+  while ((uint64_t(1) << f.shift) < f.d) ++f.shift;
+  f.magic = uint32_t((uint64_t(1) << 32) * ((uint64_t(1) << f.shift) - f.d) / f.d + 1);
+  return f;
+}
+
+__device__ __forceinline__ uint32_t div(const FastDiv& f, uint32_t n) { return (__umulhi(n, f.magic) + n) >> f.shift; }
+
+// How a tensor's rows are visited: its three row dimensions (b, h, s) ordered by stride,
+// largest first, so that consecutive rows are nearest in memory. For each, the size and what a
+// step of it adds to the input and output offsets, to the cos and sin rows, to the position_ids
+// offset and to the flat (batch, seq) position index.
+struct RowWalk {
+  FastDiv size[3];
+  int64_t x[3], y[3], cos[3], sin[3], pos[3], flat[3];
+};
 
 template <typename T, typename C>
 struct Args {
@@ -38,24 +74,25 @@ struct Args {
   const T* k;
   T* qo;
   T* ko;
-  Strides qs, ks, qos, kos;
+  RowWalk walk[2];        // q's, k's
+  uint32_t q_tasks, tasks;  // q's tasks come first
+  FastDiv units;          // per row: rotary units, then pass-through units
+  int rot_units;
+  int rest_half;          // pass-through unit c copies chunks c and c + rest_half (if < rest_chunks)
+  int rest_chunks;
   const C* cos;
   const C* sin;
-  int64_t cos_b, cos_s, sin_b, sin_s;
   const void* pos;  // position_ids (int32 when pos32, else int64), or null
   bool pos32;
-  int64_t pos_b, pos_s, P;
-  int64_t n_pos, S;
-  int Hq, Hk;
-  int heads_per_block;  // a block's heads; gridDim.y blocks cover q's and k's
-  int64_t D, R;
+  int64_t P;                     // rows of the (P, R) tables
+  int64_t table_cos, table_sin;  // their row strides
+  int64_t R;
   bool backward;
-  bool copy_rest;  // write the features past R (not in place)
+  // The forward's bad_position (-1 as unsigned: the largest value): with position_ids, preset
+  // to -1 and lowered to each bad position's index; without, the first task writes -1.
+  unsigned long long* bad;
 };
 
-// N elements of T (q, k or a table) as they are stored, held packed (cuda_utils.cuh: load_held)
-// and converted where they are used: the heads in flight cost 16 bytes of registers each, and
-// a thread issues all its loads before it waits on one. One vector load, or N scalar loads.
 template <bool kVector, int N, typename T>
 __device__ __forceinline__ Held<T, N> load_raw(const T* p) {
   if constexpr (kVector) {
@@ -75,165 +112,159 @@ __device__ __forceinline__ void store_acc_vals(T* p, const acc_t<T> (&vals)[N]) 
   }
 }
 
-// Hides held values from the optimiser for one use: without it the tables' conversions to
-// float are hoisted out of the loop over heads, and the converted copies (4 x VEC floats) cost
-// the registers that keep more threads resident.
-template <typename T, int N>
-__device__ __forceinline__ Held<T, N> opaque(Held<T, N> h) {
-  if constexpr (std::is_same_v<Held<T, N>, Packed<T, N>>) {
+// The rotation of the features (x0, x1) of a pair with cosines (c0, c1) and sines (n0, n1):
+// forward y0 = x0 c0 - x1 n0, y1 = x1 c1 + x0 n1; the backward (the transpose) swaps which sine
+// goes with which sign: y0 = x0 c0 + x1 n1, y1 = x1 c1 - x0 n0. Rotate-half pairs element e of
+// chunk a with element e of chunk b; interleaved pairs neighbours within each chunk.
+template <bool kBackward, bool kInterleaved, typename A, typename HX, typename HC, int VEC>
+__device__ __forceinline__ void rotate(const HX& xa, const HX& xb, const HC& ca, const HC& cb, const HC& na,
+                                       const HC& nb, A (&ya)[VEC], A (&yb)[VEC]) {
+  if constexpr (kInterleaved) {
+    auto pairs = [](const HX& x, const HC& c, const HC& n, A(&y)[VEC]) {
 #pragma unroll
-    for (int k = 0; k < N / 2; ++k) asm volatile("" : "+r"(h.w[k]));
-  }
-  return h;
-}
-
-// Element offset of row (b, head, s) of q or k (heads past Hq are k's), and of its output.
-template <typename T, typename C>
-__device__ __forceinline__ void row_pointers(const Args<T, C>& a, int64_t b, int64_t s, int head, const T*& x, T*& y) {
-  if (head < a.Hq) {
-    x = a.q + b * a.qs.b + int64_t(head) * a.qs.h + s * a.qs.s;
-    y = a.qo + b * a.qos.b + int64_t(head) * a.qos.h + s * a.qos.s;
+      for (int e = 0; e < VEC; e += 2) {
+        const A x0 = acc_at(x, e), x1 = acc_at(x, e + 1);
+        const A c0 = acc_at(c, e), c1 = acc_at(c, e + 1), n0 = acc_at(n, e), n1 = acc_at(n, e + 1);
+        y[e] = kBackward ? x0 * c0 + x1 * n1 : x0 * c0 - x1 * n0;
+        y[e + 1] = kBackward ? x1 * c1 - x0 * n0 : x1 * c1 + x0 * n1;
+      }
+    };
+    pairs(xa, ca, na, ya);
+    pairs(xb, cb, nb, yb);
   } else {
-    const int64_t hk = head - a.Hq;
-    x = a.k + b * a.ks.b + hk * a.ks.h + s * a.ks.s;
-    y = a.ko + b * a.kos.b + hk * a.kos.h + s * a.kos.s;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const A x0 = acc_at(xa, e), x1 = acc_at(xb, e);
+      const A c0 = acc_at(ca, e), c1 = acc_at(cb, e), n0 = acc_at(na, e), n1 = acc_at(nb, e);
+      ya[e] = kBackward ? x0 * c0 + x1 * n1 : x0 * c0 - x1 * n0;
+      yb[e] = kBackward ? x1 * c1 - x0 * n0 : x1 * c1 + x0 * n1;
+    }
   }
 }
 
+// One task per thread. A rotary unit u covers the chunks ja = u * VEC and jb: ja + R/2 for
+// rotate-half; for interleaved the next chunk, ja + VEC (absent past R when R / VEC is odd).
 // VEC: elements per access (16 bytes of T when kVector, else 1, or 2 for interleaved pairs).
 template <typename T, typename C, int VEC, bool kInterleaved, bool kVector>
-__global__ void __launch_bounds__(kThreads) rope_kernel(const Args<T, C> a) {
+__global__ void __launch_bounds__(kThreads, min_blocks<T, C>()) rope_kernel(const Args<T, C> a) {
   using A = acc_t<T>;
-  const int64_t pos = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
-  if (pos >= a.n_pos) return;
-  const int64_t b = pos / a.S, s = pos % a.S;
-  const C* crow;
-  const C* srow;
+  const uint32_t task = blockIdx.x * kThreads + threadIdx.x;
+  if (task >= a.tasks) return;
+  const int which = task < a.q_tasks ? 0 : 1;
+  const uint32_t t = which == 0 ? task : task - a.q_tasks;
+  uint32_t row = div(a.units, t);
+  const int u = int(t - row * a.units.d);
+  const RowWalk& w = a.walk[which];
+  int64_t x_off = 0, y_off = 0, c_off = 0, n_off = 0, p_off = 0, flat = 0;
+#pragma unroll
+  for (int d = 2; d >= 0; --d) {
+    const uint32_t next = d == 0 ? 0 : div(w.size[d], row);
+    const int64_t i = row - next * w.size[d].d;
+    row = next;
+    x_off += i * w.x[d];
+    y_off += i * w.y[d];
+    c_off += i * w.cos[d];
+    n_off += i * w.sin[d];
+    if (a.pos != nullptr) {
+      p_off += i * w.pos[d];
+      flat += i * w.flat[d];
+    }
+  }
+  const T* x = (which == 0 ? a.q : a.k) + x_off;
+  T* y = (which == 0 ? a.qo : a.ko) + y_off;
+
   bool valid = true;
   if (a.pos != nullptr) {
-    const int64_t at = b * a.pos_b + s * a.pos_s;
-    int64_t row = a.pos32 ? int64_t(static_cast<const int32_t*>(a.pos)[at]) : static_cast<const int64_t*>(a.pos)[at];
-    // Never read outside the tables: such a position's rotated features come out NaN (eager
-    // calls are checked before the launch, see ops/rope.py).
-    valid = row >= 0 && row < a.P;
-    row = valid ? row : 0;
-    crow = a.cos + row * a.cos_s;
-    srow = a.sin + row * a.sin_s;
-  } else {
-    crow = a.cos + b * a.cos_b + s * a.cos_s;
-    srow = a.sin + b * a.sin_b + s * a.sin_s;
-  }
-  // This block's heads (q's, then k's): blockIdx.y picks a group of heads_per_block.
-  const int h_begin = int(blockIdx.y) * a.heads_per_block;
-  const int H = min(a.Hq + a.Hk, h_begin + a.heads_per_block);
-  const int64_t half = a.R / 2;
-  const int64_t units = kInterleaved ? a.R / VEC : half / VEC;
-
-  // The rotation of a pair (x0, x1) of features with cosines (c0, c1) and sines (n0, n1):
-  // forward y0 = x0 c0 - x1 n0, y1 = x1 c1 + x0 n1; the backward (the transpose) swaps which
-  // sine goes with which sign: y0 = x0 c0 + x1 n1, y1 = x1 c1 - x0 n0.
-  const A sign = a.backward ? A(1) : A(-1);
-  for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
-    // ja: this unit's elements; rotate-half partners sit at jb = ja + R/2 (interleaved: the
-    // pairs are adjacent, (ja + e, ja + e + 1)).
-    const int64_t ja = u * VEC;
-    const int64_t jb = kInterleaved ? ja : ja + half;
-    Held<C, VEC> ca_ = load_raw<kVector, VEC>(crow + ja);
-    const Held<C, VEC> na_ = load_raw<kVector, VEC>(srow + ja);
-    [[maybe_unused]] Held<C, VEC> cb_, nb_;
-    if constexpr (!kInterleaved) {
-      cb_ = load_raw<kVector, VEC>(crow + jb);
-      nb_ = load_raw<kVector, VEC>(srow + jb);
-    }
-    if (!valid) {  // an invalid position's rotated features come out NaN
-      acc_t<C> nan[VEC];
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) nan[e] = quiet_nan<acc_t<C>>();
-      ca_ = cb_ = round_held<C, VEC>(nan);
-    }
-    for (int h0 = h_begin + int(threadIdx.z); h0 < H; h0 += kUnroll * blockDim.z) {
-      // Every load of the group is issued before any store: in place, a store may alias a
-      // later head's load only through the compiler's eyes, never in fact.
-      Held<T, VEC> xa[kUnroll];
-      [[maybe_unused]] Held<T, VEC> xb[kUnroll];
-      T* dst[kUnroll];
-#pragma unroll
-      for (int i = 0; i < kUnroll; ++i) {
-        const int head = h0 + i * blockDim.z;
-        dst[i] = nullptr;
-        if (head < H) {
-          const T* x;
-          row_pointers(a, b, s, head, x, dst[i]);
-          xa[i] = load_raw<kVector, VEC>(x + ja);
-          if constexpr (!kInterleaved) xb[i] = load_raw<kVector, VEC>(x + jb);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kUnroll; ++i) {
-        if (dst[i] == nullptr) continue;
-        const Held<C, VEC> ca = opaque<C, VEC>(ca_), na = opaque<C, VEC>(na_);
-        [[maybe_unused]] Held<C, VEC> cb, nb;
-        if constexpr (!kInterleaved) cb = opaque<C, VEC>(cb_), nb = opaque<C, VEC>(nb_);
-        A ya[VEC];
-        if constexpr (kInterleaved) {
-#pragma unroll
-          for (int e = 0; e < VEC; e += 2) {
-            const A x0 = acc_at(xa[i], e), x1 = acc_at(xa[i], e + 1);
-            const A n0 = acc_at(na, e), n1 = acc_at(na, e + 1);
-            ya[e] = x0 * A(acc_at(ca, e)) + x1 * (a.backward ? n1 : -n0);
-            ya[e + 1] = x1 * A(acc_at(ca, e + 1)) + x0 * (a.backward ? -n0 : n1);
-          }
-          store_acc_vals<kVector, VEC>(dst[i] + ja, ya);
-        } else {
-          A yb[VEC];
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            const A x0 = acc_at(xa[i], e), x1 = acc_at(xb[i], e);
-            const A n0 = acc_at(na, e), n1 = acc_at(nb, e);
-            ya[e] = x0 * A(acc_at(ca, e)) + sign * x1 * (a.backward ? n1 : n0);
-            yb[e] = x1 * A(acc_at(cb, e)) - sign * x0 * (a.backward ? n0 : n1);
-          }
-          store_acc_vals<kVector, VEC>(dst[i] + ja, ya);
-          store_acc_vals<kVector, VEC>(dst[i] + jb, yb);
-        }
-      }
-    }
+    int64_t prow = a.pos32 ? int64_t(static_cast<const int32_t*>(a.pos)[p_off]) : static_cast<const int64_t*>(a.pos)[p_off];
+    // Never read outside the tables: such a position's rotated features come out NaN, and the
+    // forward records the first such position (ops/rope.py raises for it in eager mode).
+    valid = prow >= 0 && prow < a.P;
+    if (!valid && a.bad != nullptr && u == 0) atomicMin(a.bad, static_cast<unsigned long long>(flat));
+    prow = valid ? prow : 0;
+    c_off = prow * a.table_cos;  // (the walk's cos/sin steps are zero with position_ids)
+    n_off = prow * a.table_sin;
+  } else if (a.bad != nullptr && task == 0) {
+    *a.bad = ~0ull;
   }
 
-  if (a.copy_rest) {
-    // Features past R, unchanged (a new output, so sources and destinations never overlap).
+  if (u >= a.rot_units) {  // features past R, unchanged (a new output: no overlap with x)
     constexpr int kRest = kVector ? VEC : 1;
-    const int64_t chunks = (a.D - a.R) / kRest;
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-      const int64_t j = a.R + c * kRest;
-      for (int h0 = h_begin + int(threadIdx.z); h0 < H; h0 += kUnroll * blockDim.z) {
-        Vec<T, kRest> v[kUnroll];
-        T* dst[kUnroll];
-#pragma unroll
-        for (int i = 0; i < kUnroll; ++i) {
-          const int head = h0 + i * blockDim.z;
-          dst[i] = nullptr;
-          if (head < H) {
-            const T* x;
-            row_pointers(a, b, s, head, x, dst[i]);
-            v[i] = kVector ? load_vec<T, kRest>(x + j) : *reinterpret_cast<const Vec<T, kRest>*>(x + j);
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < kUnroll; ++i)
-          if (dst[i] != nullptr) {
-            if constexpr (kVector)
-              store_vec<T, kRest>(dst[i] + j, v[i]);
-            else
-              *reinterpret_cast<Vec<T, kRest>*>(dst[i] + j) = v[i];
-          }
-      }
-    }
+    const int c = u - a.rot_units;
+    const int64_t j0 = a.R + int64_t(c) * kRest, j1 = a.R + int64_t(c + a.rest_half) * kRest;
+    const bool second = c + a.rest_half < a.rest_chunks;
+    const Vec<T, kRest> v0 = *reinterpret_cast<const Vec<T, kRest>*>(x + j0);
+    Vec<T, kRest> v1;
+    if (second) v1 = *reinterpret_cast<const Vec<T, kRest>*>(x + j1);
+    *reinterpret_cast<Vec<T, kRest>*>(y + j0) = v0;
+    if (second) *reinterpret_cast<Vec<T, kRest>*>(y + j1) = v1;
+    return;
   }
+
+  const C* crow = a.cos + c_off;
+  const C* srow = a.sin + n_off;
+  const int64_t ja = int64_t(u) * (kInterleaved ? 2 * VEC : VEC);
+  const int64_t jb = kInterleaved ? ja + VEC : ja + a.R / 2;
+  const bool has_b = !kInterleaved || jb < a.R;
+  const Held<T, VEC> xa = load_raw<kVector, VEC>(x + ja);
+  Held<C, VEC> ca = load_raw<kVector, VEC>(crow + ja);
+  const Held<C, VEC> na = load_raw<kVector, VEC>(srow + ja);
+  Held<T, VEC> xb{};
+  Held<C, VEC> cb{}, nb{};
+  if (has_b) {
+    xb = load_raw<kVector, VEC>(x + jb);
+    cb = load_raw<kVector, VEC>(crow + jb);
+    nb = load_raw<kVector, VEC>(srow + jb);
+  }
+  if (!valid) {  // an invalid position's rotated features come out NaN
+    acc_t<C> nan[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) nan[e] = quiet_nan<acc_t<C>>();
+    ca = cb = round_held<C, VEC>(nan);
+  }
+  A ya[VEC], yb[VEC];
+  if (a.backward)
+    rotate<true, kInterleaved>(xa, xb, ca, cb, na, nb, ya, yb);
+  else
+    rotate<false, kInterleaved>(xa, xb, ca, cb, na, nb, ya, yb);
+  store_acc_vals<kVector, VEC>(y + ja, ya);
+  if (has_b) store_acc_vals<kVector, VEC>(y + jb, yb);
 }
 
 inline bool aligned_strides(const Strides& st, int64_t vec) {
   return st.b % vec == 0 && st.h % vec == 0 && st.s % vec == 0;
+}
+
+// The walk over a tensor's rows (B, H, S) with input strides `xs` and output strides `ys`.
+inline RowWalk row_walk(const Problem& p, int64_t H, const Strides& xs, const Strides& ys) {
+  // Per logical dimension (b, h, s): size, input, output, cos, sin, position and flat steps.
+  // With position_ids the cos/sin rows come from the positions instead (steps zero).
+  struct Dim {
+    int64_t size, x, y, cos, sin, pos, flat;
+  };
+  const bool by_position = p.position_ids.has_value();
+  Dim dims[3] = {
+      {p.B, xs.b, ys.b, by_position ? 0 : p.cos_b, by_position ? 0 : p.sin_b, p.pos_b, p.S},
+      {H, xs.h, ys.h, 0, 0, 0, 0},
+      {p.S, xs.s, ys.s, by_position ? 0 : p.cos_s, by_position ? 0 : p.sin_s, p.pos_s, 1},
+  };
+  // Largest input stride first (ties: the logical order), so the last dimension moves fastest.
+  int order[3] = {0, 1, 2};
+  std::stable_sort(order, order + 3, [&](int l, int r) {
+    const int64_t sl = dims[l].size > 1 ? dims[l].x : 0, sr = dims[r].size > 1 ? dims[r].x : 0;
+    return sl > sr;
+  });
+  RowWalk w{};
+  for (int d = 0; d < 3; ++d) {
+    const Dim& m = dims[order[d]];
+    w.size[d] = fast_div(std::max<int64_t>(m.size, 1));
+    w.x[d] = m.x;
+    w.y[d] = m.y;
+    w.cos[d] = m.cos;
+    w.sin[d] = m.sin;
+    w.pos[d] = m.pos;
+    w.flat[d] = m.flat;
+  }
+  return w;
 }
 
 template <typename T, typename C>
@@ -250,69 +281,57 @@ void run_typed(const Problem& p, const Outputs& o, const char* op) {
     a.k = reinterpret_cast<const DT*>(p.k->const_data_ptr<T>());
     a.ko = reinterpret_cast<DT*>(o.k_out->mutable_data_ptr<T>());
   }
-  a.qs = p.qs;
-  a.ks = p.ks;
-  a.qos = o.qo;
-  a.kos = o.ko;
   a.cos = reinterpret_cast<const DC*>(p.cos.const_data_ptr<C>());
   a.sin = reinterpret_cast<const DC*>(p.sin.const_data_ptr<C>());
-  a.cos_b = p.cos_b;
-  a.cos_s = p.cos_s;
-  a.sin_b = p.sin_b;
-  a.sin_s = p.sin_s;
   if (p.position_ids) {
     a.pos = p.position_ids->const_data_ptr();
     a.pos32 = p.position_ids->scalar_type() == ScalarType::Int;
-    a.pos_b = p.pos_b;
-    a.pos_s = p.pos_s;
     a.P = p.P;
+    a.table_cos = p.cos_s;
+    a.table_sin = p.sin_s;
   }
-  a.n_pos = p.B * p.S;
-  a.S = p.S;
-  FUSEDOPS_CHECK(p.Hq + p.Hk < (int64_t(1) << 30), op, ": too many heads (", p.Hq + p.Hk, ")");
-  a.Hq = int(p.Hq);
-  a.Hk = int(p.Hk);
-  a.D = p.D;
   a.R = p.R;
   a.backward = p.backward;
-  a.copy_rest = !o.in_place && p.D > p.R;
 
   // 16-byte accesses need every row and table offset, and every base, 16-byte aligned.
   const int64_t rotary_step = p.interleaved ? kVec : 2 * kVec;
   bool vector = p.D % kVec == 0 && p.R % rotary_step == 0 && aligned16(a.cos) && aligned16(a.sin) &&
-                a.cos_b % kVec == 0 && a.cos_s % kVec == 0 && a.sin_b % kVec == 0 && a.sin_s % kVec == 0;
-  if (p.q) vector = vector && aligned16(a.q) && aligned16(a.qo) && aligned_strides(a.qs, kVec) && aligned_strides(a.qos, kVec);
-  if (p.k) vector = vector && aligned16(a.k) && aligned16(a.ko) && aligned_strides(a.ks, kVec) && aligned_strides(a.kos, kVec);
+                p.cos_b % kVec == 0 && p.cos_s % kVec == 0 && p.sin_b % kVec == 0 && p.sin_s % kVec == 0;
+  if (p.q) vector = vector && aligned16(a.q) && aligned16(a.qo) && aligned_strides(p.qs, kVec) && aligned_strides(o.qo, kVec);
+  if (p.k) vector = vector && aligned16(a.k) && aligned16(a.ko) && aligned_strides(p.ks, kVec) && aligned_strides(o.ko, kVec);
 
   const int vec = vector ? kVec : (p.interleaved ? 2 : 1);
-  const int64_t units = p.interleaved ? p.R / vec : p.R / 2 / vec;
-  const int64_t rest = (p.D - p.R) / (vector ? kVec : 1);
-  const int g = int(std::min<int64_t>(kThreads, units > 0 ? units : std::max<int64_t>(rest, 1)));
-  // Positions per block, then head lanes for grids too small to fill the GPU.
-  const int64_t H = p.Hq + p.Hk;
-  const int64_t sms = multiprocessor_count(p.device_index);
-  int pb = std::max(1, kThreads / g), hs = 1;
-  const int64_t n_pos = a.n_pos;
-  while (pb >= 2 && (n_pos + pb - 1) / pb < 2 * sms && 2 * hs <= std::min<int64_t>(H, 64)) {
-    pb /= 2;
-    hs *= 2;
+  // (interleaved: two neighbouring chunks a unit, the last one alone when R / vec is odd)
+  const int64_t rot_units = p.interleaved ? (p.R / vec + 1) / 2 : p.R / 2 / vec;
+  const int64_t rest_chunks = o.in_place ? 0 : (p.D - p.R) / (vector ? kVec : 1);
+  const int64_t rest_units = (rest_chunks + 1) / 2;
+  FUSEDOPS_CHECK(rot_units + rest_units < (int64_t(1) << 30), op, ": head_dim too large (", p.D, ")");
+  a.rot_units = int(rot_units);
+  const int64_t units = rot_units + rest_units;
+  a.rest_chunks = int(rest_chunks);
+  a.rest_half = int(rest_units);
+  if (units == 0) {  // nothing to rotate or copy (R = 0 in place)
+    if (o.bad_position) torch::stable::fill_(*o.bad_position, -1.0);
+    return;
   }
-  pb = int(std::min<int64_t>(pb, n_pos));
-  const int64_t blocks = (n_pos + pb - 1) / pb;
-  FUSEDOPS_CHECK(blocks < (int64_t(1) << 31), op, ": too many positions (", n_pos, ")");
-  // Heads are split among blocks while the grid has fewer than four blocks per SM: a grid of a
-  // few long-lived blocks idles much of the GPU in its last wave (partial rotary at LLaMA-3-8B's
-  // shape made 512 blocks: 2.5 TB/s forward, 3.1 with the split). Splitting a grid that is
-  // already deep only repeats the cos/sin loads (1024 blocks split into 5120 lost 4%). A block
-  // keeps at least two rounds of kUnroll heads per lane, over which its cos/sin loads are amortised.
-  const int64_t want = 4 * sms;
-  const int64_t max_groups = std::max<int64_t>(1, H / (2 * kUnroll * hs));
-  const int64_t groups0 = std::clamp<int64_t>((want + blocks - 1) / blocks, 1, max_groups);
-  a.heads_per_block = int((H + groups0 - 1) / groups0);
-  const int64_t groups = (H + a.heads_per_block - 1) / a.heads_per_block;
-  const dim3 block(g, pb, hs);
+  a.units = fast_div(units);
+  a.walk[0] = row_walk(p, p.Hq, p.qs, o.qo);
+  a.walk[1] = row_walk(p, p.Hk, p.ks, o.ko);
+  const int64_t q_tasks = p.B * p.S * p.Hq * units, tasks = q_tasks + p.B * p.S * p.Hk * units;
+  // (32-bit task indices: a task covers at least two elements, so 2^31 tasks are 2^32 elements)
+  FUSEDOPS_CHECK(tasks < (int64_t(1) << 31), op, ": too many rows (", p.B * p.S * (p.Hq + p.Hk), ")");
+  a.q_tasks = uint32_t(q_tasks);
+  a.tasks = uint32_t(tasks);
+  const int64_t blocks = (tasks + kThreads - 1) / kThreads;
+
   const cudaStream_t stream = current_stream(p.device_index);
-  auto launch = [&](auto kernel) { kernel<<<dim3(unsigned(blocks), unsigned(groups)), block, 0, stream>>>(a); };
+  if (o.bad_position) {
+    a.bad = reinterpret_cast<unsigned long long*>(o.bad_position->mutable_data_ptr<int64_t>());
+    if (p.position_ids)
+      FUSEDOPS_CHECK(cudaMemsetAsync(a.bad, 0xff, sizeof(*a.bad), stream) == cudaSuccess, op,
+                     ": could not preset bad_position");
+  }
+  auto launch = [&](auto kernel) { kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a); };
   if (vector) {
     if (p.interleaved)
       launch(rope_kernel<DT, DC, kVec, true, true>);

@@ -279,29 +279,29 @@ def _rope_back(t, layout):
     return t.transpose(1, 2).squeeze(0)
 
 
-def _rope_eager_checks(op, q, k, cos, sin, position_ids, check_forward):
-    # Positions are checked by the CPU kernel itself (here too on older torch, where a kernel
-    # that raises crashes: fusedops/_native.py); on a GPU here, before the launch (one
-    # reduction and a sync), except while compiling or capturing a CUDA graph, where the
-    # kernels write NaN for an out-of-range position instead of reading out of bounds.
+def _rope_eager_checks(op, q, k, cos, sin, position_ids, check_positions, check_forward):
+    """The checks before the launch; returns the GPU position check to finish after it, or None.
+    Positions are checked by the CPU kernel itself (here too on older torch, where a kernel that
+    raises crashes: fusedops/_native.py); the GPU kernels record the first bad one."""
     compiling = torch.compiler.is_compiling()
+    gpu_check = None
+    if position_ids is not None:
+        gpu_check = _rope.gpu_position_check(op, check_positions, q, compiling)
+    elif check_positions is not True:
+        _rope.check_positions_mode(op, check_positions)
     check_arguments = PRECHECK_ARGUMENTS and not compiling
-    check_positions = (
-        position_ids is not None
-        and (q.device.type != "cpu" or PRECHECK_ARGUMENTS)
-        and not compiling
-        and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
-    )
-    if not (check_arguments or check_positions):
-        return
+    check_cpu_positions = PRECHECK_ARGUMENTS and position_ids is not None and q.device.type == "cpu"
+    if not (check_arguments or check_cpu_positions):
+        return gpu_check
     if torch.is_autocast_enabled(q.device.type):
         # Check what the autocast rule will pass on (a copy of the tables only when checking).
         cos, sin = _rope.autocast_tables(q, cos, sin)
     if check_arguments:
         check_forward(q, k, cos, sin, position_ids)
-    if check_positions:
+    if check_cpu_positions:
         _rope.check(op, "q", "k", q, k, cos, sin, position_ids)
         _rope.check_positions(op, position_ids, cos)
+    return gpu_check
 
 
 def rope(
@@ -313,6 +313,7 @@ def rope(
     interleaved: bool = False,
     layout: str = "bhsd",
     position_ids: Optional[Tensor] = None,
+    check_positions: Union[bool, str] = True,
 ) -> Tuple[Tensor, Tensor]:
     r"""Rotary position embeddings of queries and keys, both in one kernel launch.
 
@@ -337,9 +338,15 @@ def rope(
         interleaved: rotate adjacent pairs instead of halves.
         layout: ``"bhsd"``, ``"bshd"`` or ``"thd"``.
         position_ids: int32/int64, ``(B or 1, S)`` (``(T,)`` for "thd"): the table row of each
-            position. A value outside ``[0, P)`` raises a ValueError in eager mode (on a GPU this
-            check synchronises); under torch.compile or CUDA-graph capture the GPU kernels
-            write NaN for such a position instead of reading out of bounds.
+            position. The GPU kernels never read outside the tables: a position outside
+            ``[0, P)`` gets NaN rotated features, and the kernel records the first one.
+        check_positions: on a GPU in eager mode, how a position outside ``[0, P)`` raises its
+            ValueError (which names it): ``True`` without waiting for the GPU (no
+            synchronisation; the error is raised by the first ``rope``/``rope_`` call or rope
+            backward, or cross_entropy call, that starts after the GPU has finished the bad
+            call), ``"sync"`` in the call itself (one synchronisation per call), ``False``
+            never. Never checked under torch.compile or CUDA-graph capture (NaN). On the CPU
+            the kernel always checks, in the call.
 
     Returns:
         ``(q_out, k_out)`` in q's and k's dtype and layout (their strides when dense). Math in
@@ -347,11 +354,13 @@ def rope(
         with respect to cos and sin are not supported (a clear error if they require grad).
     """
     q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope", q, k, cos, sin, layout, position_ids)
-    _rope_eager_checks("rope", q4, k4, cos4, sin4, pos, _rope.check_forward)
+    gpu_check = _rope_eager_checks("rope", q4, k4, cos4, sin4, pos, check_positions, _rope.check_forward)
     if direct_call_allowed():
-        q_out, k_out = _rope.direct(q4, k4, cos4, sin4, pos, interleaved)
+        q_out, k_out, bad = _rope.direct(q4, k4, cos4, sin4, pos, interleaved)
     else:
-        q_out, k_out = _rope_op(q4, k4, cos4, sin4, pos, interleaved)
+        q_out, k_out, bad = _rope_op(q4, k4, cos4, sin4, pos, interleaved)
+    if gpu_check is not None:
+        gpu_check.finish(bad, _rope.position_message("rope", pos, cos4.shape[0]))
     return _rope_back(q_out, layout), _rope_back(k_out, layout)
 
 
@@ -364,18 +373,21 @@ def rope_(
     interleaved: bool = False,
     layout: str = "bhsd",
     position_ids: Optional[Tensor] = None,
+    check_positions: Union[bool, str] = True,
 ) -> Tuple[Tensor, Tensor]:
     """:func:`rope` for inference: rotates ``q`` and ``k`` in place (features past R are not
     touched) and returns them. No gradient: it raises if a tensor requires grad with grad mode
     on. q and k must not have rows that share memory (an expanded tensor)."""
     q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope_", q, k, cos, sin, layout, position_ids)
-    _rope_eager_checks(
-        "rope_", q4, k4, cos4, sin4, pos, lambda *a: _rope.check_forward(*a, op="rope_")
+    gpu_check = _rope_eager_checks(
+        "rope_", q4, k4, cos4, sin4, pos, check_positions, lambda *a: _rope.check_forward(*a, op="rope_")
     )
     if direct_call_allowed():
-        _rope.direct_inplace(q4, k4, cos4, sin4, pos, interleaved)
+        bad = _rope.direct_inplace(q4, k4, cos4, sin4, pos, interleaved)
     else:
-        _rope_inplace_op(q4, k4, cos4, sin4, pos, interleaved)
+        bad = _rope_inplace_op(q4, k4, cos4, sin4, pos, interleaved)
+    if gpu_check is not None:
+        gpu_check.finish(bad, _rope.position_message("rope_", pos, cos4.shape[0]))
     return q, k
 
 
@@ -452,7 +464,7 @@ def cross_entropy(
                 raise ValueError(
                     _cross_entropy.bad_target_message("cross_entropy", target, bad, logits.shape[-1], ignore_index)
                 )
-    gpu_check = _cross_entropy.GpuTargetCheck.start("cross_entropy", check_target, logits, compiling)
+    gpu_check = _cross_entropy.gpu_target_check("cross_entropy", check_target, logits, compiling)
     args = (logits, target, weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
             None if softcap is None else float(softcap))
     in_place = inplace_grad and not compiling and torch.is_grad_enabled() and logits.requires_grad
@@ -467,7 +479,7 @@ def cross_entropy(
         needs_grad = torch.is_grad_enabled() and logits.requires_grad
         loss, _lse, _grad, bad = _cross_entropy_op(*args, needs_grad)
     if gpu_check is not None:
-        gpu_check.finish(bad, target, logits.shape[-1], ignore_index)
+        gpu_check.finish(bad, _cross_entropy.target_message("cross_entropy", target, logits.shape[-1], ignore_index))
     if loss.dtype != logits.dtype and not torch.is_autocast_enabled(logits.device.type):
         loss = loss.to(logits.dtype)
     return loss
@@ -520,7 +532,7 @@ def linear_cross_entropy(
         chunk by chunk.
     """
     compiling = torch.compiler.is_compiling()
-    gpu_check = _cross_entropy.GpuTargetCheck.start("linear_cross_entropy", check_target, hidden, compiling)
+    gpu_check = _cross_entropy.gpu_target_check("linear_cross_entropy", check_target, hidden, compiling)
     if not compiling:
         _linear_cross_entropy.check(
             "linear_cross_entropy", hidden, weight, target, bias, class_weight, ignore_index, reduction,
@@ -536,7 +548,7 @@ def linear_cross_entropy(
         None if softcap is None else float(softcap), chunk_rows, needs_grad and reduction != "none",
     )
     if gpu_check is not None:
-        gpu_check.finish(bad, target, weight.shape[0], ignore_index)
+        gpu_check.finish(bad, _cross_entropy.target_message("linear_cross_entropy", target, weight.shape[0], ignore_index))
     if loss.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):
         loss = loss.to(hidden.dtype)  # as cross_entropy on the logits, which are in hidden's dtype
     return loss

@@ -66,6 +66,9 @@ struct Outputs {
   std::optional<Tensor> q_out, k_out;
   Strides qo, ko;
   bool in_place = false;
+  // The forward's () int64 record of the first position outside the tables: its flat
+  // (batch, seq) index, or -1 (absent in the backward, whose positions the forward saw).
+  std::optional<Tensor> bad_position;
 };
 
 inline bool same_device(const Tensor& a, const Tensor& b) {
@@ -254,14 +257,23 @@ inline Outputs new_outputs(const Problem& p, const std::optional<Tensor>& q, con
   return o;
 }
 
+// The forward's bad_position output: -1 now for an empty problem, else K::run writes it (the
+// CPU kernel raises for a bad position instead; the CUDA kernels record the first one).
+inline Tensor new_bad_position(const Problem& p, const Tensor& like) {
+  Tensor bad = empty_like_device(like, {}, ScalarType::Long);
+  if (p.empty()) torch::stable::fill_(bad, -1.0);
+  return bad;
+}
+
 // The registered functions. `K` is the backend: K::run(p, o, op) fills the outputs.
 template <class K>
-std::tuple<Tensor, Tensor> rope(Tensor q, Tensor k, Tensor cos, Tensor sin, std::optional<Tensor> position_ids,
-                                bool interleaved) {
+std::tuple<Tensor, Tensor, Tensor> rope(Tensor q, Tensor k, Tensor cos, Tensor sin,
+                                        std::optional<Tensor> position_ids, bool interleaved) {
   const Problem p = make_problem("rope", "q", "k", q, k, cos, sin, position_ids, interleaved, false);
-  const Outputs o = new_outputs(p, q, k, q);
+  Outputs o = new_outputs(p, q, k, q);
+  o.bad_position = new_bad_position(p, q);
   if (!p.empty()) K::run(p, o, "rope");
-  return {*o.q_out, *o.k_out};
+  return {*o.q_out, *o.k_out, *o.bad_position};
 }
 
 template <class K>
@@ -276,14 +288,15 @@ std::tuple<Tensor, Tensor> rope_backward(std::optional<Tensor> grad_q_out, std::
 }
 
 template <class K>
-void rope_inplace(Tensor q, Tensor k, Tensor cos, Tensor sin, std::optional<Tensor> position_ids, bool interleaved) {
+Tensor rope_inplace(Tensor q, Tensor k, Tensor cos, Tensor sin, std::optional<Tensor> position_ids, bool interleaved) {
   Problem p = make_problem("rope_", "q", "k", q, k, cos, sin, position_ids, interleaved, false);
   // Rows sharing memory would be rotated more than once, by several threads at once.
   FUSEDOPS_CHECK(q.numel() == 0 || !may_overlap(q), "rope_: q has rows that share memory (an expanded tensor?), "
                  "so it cannot be written in place; pass a contiguous q");
   FUSEDOPS_CHECK(k.numel() == 0 || !may_overlap(k), "rope_: k has rows that share memory (an expanded tensor?), "
                  "so it cannot be written in place; pass a contiguous k");
-  if (p.empty()) return;
+  Tensor bad = new_bad_position(p, q);
+  if (p.empty()) return bad;
   // In place, into q and k themselves or (strided last dimension) into their copies, which are
   // then copied back.
   Outputs o;
@@ -292,9 +305,11 @@ void rope_inplace(Tensor q, Tensor k, Tensor cos, Tensor sin, std::optional<Tens
   o.k_out = *p.k;
   o.qo = p.qs;
   o.ko = p.ks;
+  o.bad_position = bad;
   K::run(p, o, "rope_");
   if (p.q->get() != q.get()) torch::stable::copy_(q, *p.q);
   if (p.k->get() != k.get()) torch::stable::copy_(k, *p.k);
+  return bad;
 }
 
 }  // namespace fusedops::rope

@@ -29,12 +29,11 @@ the public function returns it as float32 under autocast (as torch's autocast, w
 cross_entropy in float32, does) and in the logits' dtype outside it.
 """
 
-import collections
 import math
 
 import torch
 
-from . import _direct
+from . import _deferred, _direct
 from ._norm import FLOAT_DTYPES, _same_device, acc_dtype, dtype_name, may_overlap, shape_str
 
 forward = torch.ops.fusedops.cross_entropy.default
@@ -165,11 +164,7 @@ def bad_target_message(op, target, index, V, ignore_index):
 def bad_target_index(target, V, ignore_index):
     """Flat index of the first target outside [0, V) that is not ignore_index, or -1, as a 0-d
     int64 tensor on target's device (computed there: no sync)."""
-    bad = (((target < 0) | (target >= V)) & (target != ignore_index)).reshape(-1)
-    if bad.numel() == 0:
-        return torch.full((), -1, dtype=torch.int64, device=target.device)
-    first = bad.to(torch.int8).argmax()
-    return torch.where(bad.any(), first, torch.full_like(first, -1))
+    return _deferred.first_index(((target < 0) | (target >= V)) & (target != ignore_index))
 
 
 def first_bad_target(target, V, ignore_index):
@@ -177,79 +172,18 @@ def first_bad_target(target, V, ignore_index):
     return int(bad_target_index(target, V, ignore_index))
 
 
-CHECK_TARGET_MODES = (True, False, "sync")
-
-
 def check_target_mode(check_target, op="cross_entropy"):
-    if not any(check_target is m or (isinstance(m, str) and check_target == m) for m in CHECK_TARGET_MODES):
-        raise ValueError(f"{op}: check_target must be True, False or 'sync', got {check_target!r}")
-    return check_target
+    return _deferred.check_mode(check_target, op, "check_target")
 
 
-class _DeferredTargetChecks:
-    """The eager GPU check of the targets without a synchronisation (cross_entropy and
-    linear_cross_entropy share it): each call copies its bad-target flag (the index of the
-    first bad row, or -1) into pinned host memory with a non-blocking copy and records an event;
-    the next call, or a backward, looks at the copies whose events have completed (a query, not
-    a wait) and raises for the first bad one. So the error comes from the first call (or
-    backward) that starts after the GPU has finished the offending call, usually the next
-    training step's. The target's value in the message is read when raising."""
-
-    MAX_PENDING = 1024  # past this (a host very far ahead of its GPU), the oldest copy is waited for
-
-    def __init__(self):
-        self.pending = collections.deque()
-
-    def add(self, op, bad, target, V, ignore_index):
-        flag = torch.empty((), dtype=torch.int64, pin_memory=True)
-        flag.copy_(bad, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        self.pending.append((done, flag, op, target, V, ignore_index))
-        if len(self.pending) > self.MAX_PENDING:
-            self.pending[0][0].synchronize()
-
-    def raise_finished(self):
-        while self.pending and self.pending[0][0].query():
-            _done, flag, op, target, V, ignore_index = self.pending.popleft()
-            index = int(flag)
-            if index >= 0:
-                self.pending.clear()  # (one error; the rest came after it)
-                raise ValueError(
-                    bad_target_message(op, target, index, V, ignore_index)
-                    + " (found after that earlier call returned: check_target=True checks without waiting for "
-                    "the GPU; check_target='sync' raises in the call itself)"
-                )
+def gpu_target_check(op, check_target, tensor, compiling):
+    """The public functions' eager bad-target check on a GPU (ops/_deferred.py), or None."""
+    return _deferred.GpuCheck.start(op, "check_target", check_target, tensor, compiling)
 
 
-deferred_target_checks = _DeferredTargetChecks()
-
-
-class GpuTargetCheck:
-    """The public functions' eager bad-target check on a GPU (cross_entropy and
-    linear_cross_entropy). ``start``, before the launch, validates ``check_target`` and raises
-    for an earlier call's bad target; it returns None when there is nothing to check (CPU,
-    False, compiling, CUDA-graph capture). ``finish``, after the launch, takes the op's
-    ``bad_target`` output."""
-
-    def __init__(self, op, mode):
-        self.op, self.mode = op, mode
-
-    @classmethod
-    def start(cls, op, check_target, tensor, compiling):
-        check_target_mode(check_target, op)
-        if check_target is False or not tensor.is_cuda or compiling or torch.cuda.is_current_stream_capturing():
-            return None
-        deferred_target_checks.raise_finished()
-        return cls(op, check_target)
-
-    def finish(self, bad, target, V, ignore_index):
-        if self.mode == "sync":
-            index = int(bad)  # the one synchronisation
-            if index >= 0:
-                raise ValueError(bad_target_message(self.op, target, index, V, ignore_index))
-        else:
-            deferred_target_checks.add(self.op, bad, target, V, ignore_index)
+def target_message(op, target, V, ignore_index):
+    """bad_target_message for a GpuCheck: the error for a flat index of `target`."""
+    return lambda index: bad_target_message(op, target, index, V, ignore_index)
 
 
 # ---- fake kernels ----------------------------------------------------------------------------
@@ -381,7 +315,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_loss, grad_lse, _grad_grad, _grad_bad):
-    deferred_target_checks.raise_finished()
+    _deferred.pending.raise_finished()
     if grad_lse is not None:
         raise _lse_grad_error()
     if grad_loss is None or not ctx.needs_input_grad[0]:
@@ -404,7 +338,7 @@ _forward_inplace_entry = forward_._op
 
 def _function_backward(ctx, grad_loss, grad_lse):
     """The backward of both autograd Functions below: the saved gradient, scaled."""
-    deferred_target_checks.raise_finished()
+    _deferred.pending.raise_finished()
     if grad_lse is not None:
         raise _lse_grad_error()
     if grad_loss is None:

@@ -61,7 +61,7 @@ bfloat16 on the way. The loss is float32.
 
 import torch
 
-from . import _direct
+from . import _deferred, _direct
 from . import cross_entropy as _ce
 from ._norm import FLOAT_DTYPES, NARROW, _same_device, acc_dtype, dtype_name, shape_str
 
@@ -401,8 +401,17 @@ def _all_inputs(inputs):
     return tuple(inputs) + _DEFAULTS[len(inputs) - 3:]
 
 
+def _scale_to(grad_output, grad, dtype):
+    """grad_output * grad in `dtype`. A float32 accumulator for a narrower parameter is scaled
+    and rounded in one pass (one read of it, no float32 temporary), unless the product itself
+    needs a graph (create_graph)."""
+    if grad.dtype == dtype or (torch.is_grad_enabled() and grad_output.requires_grad):
+        return _ce.scale(grad_output, grad)
+    return torch.mul(grad, grad_output, out=torch.empty_like(grad, dtype=dtype))
+
+
 def _backward(ctx, grad_loss, *_unused):
-    _ce.deferred_target_checks.raise_finished()
+    _deferred.pending.raise_finished()
     n_inputs = 12
     if grad_loss is None:
         return (None,) * n_inputs
@@ -412,6 +421,7 @@ def _backward(ctx, grad_loss, *_unused):
             "fusedops.linear_cross_entropy: gradients with respect to class_weight are not supported; pass "
             "class_weight.detach()"
         )
+    wdt, bdt = ctx.dtypes
     if ctx.recompute:
         hidden, weight, target, bias, class_weight = ctx.saved_tensors
         with _direct.below_autograd_unless_grad():
@@ -419,9 +429,8 @@ def _backward(ctx, grad_loss, *_unused):
     else:
         gh, gw, gb = ctx.saved_tensors
         gh = _ce.scale(grad_loss, gh) if needs[0] else None
-        gw = _ce.scale(grad_loss, gw) if needs[1] else None
-        gb = _ce.scale(grad_loss, gb) if ctx.has_bias and needs[3] else None
-    wdt, bdt = ctx.dtypes
+        gw = _scale_to(grad_loss, gw, wdt) if needs[1] else None
+        gb = _scale_to(grad_loss, gb, bdt) if ctx.has_bias and needs[3] else None
     gw = gw.to(wdt) if (gw is not None and needs[1]) else None
     gb = gb.to(bdt) if (ctx.has_bias and gb is not None and needs[3]) else None
     return (gh if needs[0] else None, gw, None, gb) + (None,) * (n_inputs - 4)

@@ -3,11 +3,16 @@ Triton hook-up.
 
 Schemas (csrc/registration.cpp):
     rope(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? position_ids=None,
-         bool interleaved=False) -> (Tensor q_out, Tensor k_out)
+         bool interleaved=False) -> (Tensor q_out, Tensor k_out, Tensor bad_position)
     rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, Tensor? position_ids=None,
-          bool interleaved=False) -> ()
+          bool interleaved=False) -> Tensor bad_position
     rope_backward(Tensor? grad_q_out, Tensor? grad_k_out, Tensor cos, Tensor sin,
                   Tensor? position_ids, bool interleaved) -> (Tensor grad_q, Tensor grad_k)
+
+bad_position (0-d int64) is the flat (batch, seq) index of the first position outside the
+cos/sin tables, or -1. The GPU kernels write NaN for such a position's rotated features rather
+than read out of bounds, and record it there; the public functions raise for it without a
+synchronisation (ops/_deferred.py). The CPU kernel raises itself.
 
 The op sees one logical layout: q (B, Hq, S, D) and k (B, Hk, S, D), any strides; the public
 function (fusedops.rope) turns "bshd" and packed "thd" inputs into views of it. The math is in
@@ -30,7 +35,7 @@ whatever the storage dtype; outputs keep q's and k's dtype.
 
 import torch
 
-from . import _direct, _norm
+from . import _deferred, _direct, _norm
 
 forward = torch.ops.fusedops.rope.default
 forward_ = torch.ops.fusedops.rope_.default
@@ -171,6 +176,28 @@ def check_positions(op, position_ids, cos):
         raise ValueError(message)
 
 
+def check_positions_mode(op, mode):
+    return _deferred.check_mode(mode, op, "check_positions")
+
+
+def gpu_position_check(op, mode, q, compiling):
+    """The public functions' eager position check on a GPU (ops/_deferred.py), or None."""
+    return _deferred.GpuCheck.start(op, "check_positions", mode, q, compiling)
+
+
+def position_message(op, position_ids, rows):
+    """For a GpuCheck (ops/_deferred.py): the error for bad_position `index`, a flat index
+    into position_ids (1 or B, S) (reads the value)."""
+
+    def message(index):
+        b, s = divmod(index, position_ids.shape[1])
+        value = int(position_ids[b, s])
+        return f"{op}: position_ids[{b}, {s}] = {value} is outside the cos/sin tables' {rows} rows"
+
+    return message
+
+
+
 # ---- fake kernels ----------------------------------------------------------------------------
 
 
@@ -204,6 +231,10 @@ def output_like(t):
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
+def _bad_position_like(q):
+    return q.new_empty((), dtype=torch.int64)
+
+
 def _absent_like(present, cos):
     like = present if present is not None else cos
     return like.new_empty((0,))
@@ -212,12 +243,13 @@ def _absent_like(present, cos):
 @torch.library.register_fake("fusedops::rope")
 def _forward_fake(q, k, cos, sin, position_ids=None, interleaved=False):
     check_forward(q, k, cos, sin, position_ids)
-    return output_like(q), output_like(k)
+    return output_like(q), output_like(k), _bad_position_like(q)
 
 
 @torch.library.register_fake("fusedops::rope_")
 def _forward_inplace_fake(q, k, cos, sin, position_ids=None, interleaved=False):
     check_forward(q, k, cos, sin, position_ids, op="rope_")
+    return _bad_position_like(q)
 
 
 @torch.library.register_fake("fusedops::rope_backward")
@@ -251,6 +283,7 @@ def _save(ctx, cos, sin, position_ids, interleaved):
 
 def _setup_context(ctx, inputs, output):
     _q, _k, cos, sin, position_ids, interleaved = _full_args(inputs)
+    ctx.mark_non_differentiable(output[2])
     _save(ctx, cos, sin, position_ids, interleaved)
 
 
@@ -261,7 +294,8 @@ def _full_args(inputs):
     return q, k, cos, sin, position_ids, interleaved
 
 
-def _backward(ctx, grad_q_out, grad_k_out):
+def _backward(ctx, grad_q_out, grad_k_out, _grad_bad_position=None):
+    _deferred.pending.raise_finished()
     cos, sin, position_ids = ctx.saved_tensors
     need_q, need_k = ctx.needs_input_grad[:2]  # (cos and sin never: refused in the forward)
     if grad_q_out is None and grad_k_out is None:
@@ -306,7 +340,7 @@ def _backward_backward(ctx, gg_q, gg_k):
     q_arg = q_in if q_in is not None else k_in[:, :0]
     k_arg = k_in if k_in is not None else q_in[:, :0]
     with _direct.below_autograd_unless_grad():
-        out_q, out_k = forward(q_arg, k_arg, cos, sin, position_ids, ctx.interleaved)
+        out_q, out_k, _bad = forward(q_arg, k_arg, cos, sin, position_ids, ctx.interleaved)
     return (
         out_q if need_q and q_in is not None else None,
         out_k if need_k and k_in is not None else None,
@@ -329,11 +363,12 @@ class _Function(torch.autograd.Function):
     def forward(ctx, q, k, cos, sin, position_ids, interleaved):
         with _direct.BelowAutograd():
             out = _forward_entry(q, k, cos, sin, position_ids, interleaved)
+        ctx.mark_non_differentiable(out[2])
         _save(ctx, cos, sin, position_ids, interleaved)
         return out
 
     @staticmethod
-    def backward(ctx, grad_q_out, grad_k_out):
+    def backward(ctx, grad_q_out, grad_k_out, _grad_bad_position):
         return _backward(ctx, grad_q_out, grad_k_out)
 
 
@@ -368,9 +403,10 @@ def direct_inplace(q, k, cos, sin, position_ids=None, interleaved=False):
     """``forward_(...)``, where ``_direct.direct_call_allowed()``."""
     _inplace_no_grad_check(q, k, cos, sin)
     with _direct.BelowAutograd():
-        _forward_inplace_entry(q, k, cos, sin, position_ids, interleaved)
+        bad = _forward_inplace_entry(q, k, cos, sin, position_ids, interleaved)
     torch.autograd.graph.increment_version(q)
     torch.autograd.graph.increment_version(k)
+    return bad
 
 
 torch.library.register_autograd("fusedops::rope", _backward, setup_context=_setup_context_checked)
@@ -386,9 +422,10 @@ def _inplace_autograd(q, k, cos, sin, position_ids=None, interleaved=False):
     # the version counters, so autograd notices if a saved copy of q or k is modified.
     _inplace_no_grad_check(q, k, cos, sin)
     with _direct.BelowAutograd():
-        forward_(q, k, cos, sin, position_ids, interleaved)
+        bad = forward_(q, k, cos, sin, position_ids, interleaved)
     torch.autograd.graph.increment_version(q)
     torch.autograd.graph.increment_version(k)
+    return bad
 
 
 _lib.impl("rope_", _inplace_autograd, "Autograd")
@@ -424,13 +461,20 @@ for _key in ("AutocastCPU", "AutocastCUDA"):
 # ---- Triton, for CUDA tensors when the CUDA kernels do not serve them (ops/__init__.py) -------
 
 
+def _triton_bad_position(q, cos, position_ids):
+    # (the Triton kernels write NaN for a bad position; the record is made with torch ops)
+    if position_ids is None:
+        return torch.full((), -1, dtype=torch.int64, device=q.device)
+    return _deferred.first_index((position_ids < 0) | (position_ids >= cos.shape[0]))
+
+
 def _triton_forward(q, k, cos, sin, position_ids=None, interleaved=False):
     check_forward(q, k, cos, sin, position_ids)
     from ..triton import rope as kernels
 
     q_out, k_out = output_like(q), output_like(k)
     kernels.rope(q, k, cos, sin, position_ids, interleaved, False, q_out, k_out)
-    return q_out, k_out
+    return q_out, k_out, _triton_bad_position(q, cos, position_ids)
 
 
 def _triton_forward_inplace(q, k, cos, sin, position_ids=None, interleaved=False):
@@ -438,6 +482,7 @@ def _triton_forward_inplace(q, k, cos, sin, position_ids=None, interleaved=False
     from ..triton import rope as kernels
 
     kernels.rope(q, k, cos, sin, position_ids, interleaved, False, q, k)
+    return _triton_bad_position(q, cos, position_ids)
 
 
 def _triton_backward(grad_q_out, grad_k_out, cos, sin, position_ids, interleaved):
