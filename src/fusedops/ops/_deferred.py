@@ -60,7 +60,7 @@ class DeferredChecks:
     SLOTS = 1024  # calls in flight; past this (a host very far ahead of its GPU) the oldest is waited for
 
     def __init__(self):
-        self.pending = collections.deque()  # (ring, slot, message)
+        self.pending = collections.deque()  # (ring, slot, message or None: not reported)
         self.rings = {}
 
     def add(self, flag, message):
@@ -85,10 +85,10 @@ class DeferredChecks:
             ring, slot, message = self.pending.popleft()
             ring.free.append(slot)
             index = int(ring.values[slot])
-            if index >= 0:
-                for r, s, _ in self.pending:  # (one error; the rest came after it)
-                    r.free.append(s)
-                self.pending.clear()
+            if index >= 0 and message is not None:
+                # One error: the calls after this one are not reported (their slots are freed
+                # as their copies complete).
+                self.pending = collections.deque((r, s, None) for r, s, _ in self.pending)
                 raise ValueError(message(index))
 
 

@@ -197,7 +197,6 @@ def position_message(op, position_ids, rows):
     return message
 
 
-
 # ---- fake kernels ----------------------------------------------------------------------------
 
 
