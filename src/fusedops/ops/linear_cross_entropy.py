@@ -402,11 +402,16 @@ def _all_inputs(inputs):
 
 
 def _scale_to(grad_output, grad, dtype):
-    """grad_output * grad in `dtype`. A float32 accumulator for a narrower parameter is scaled
-    and rounded in one pass (one read of it, no float32 temporary), unless the product itself
-    needs a graph (create_graph)."""
-    if grad.dtype == dtype or (torch.is_grad_enabled() and grad_output.requires_grad):
-        return _ce.scale(grad_output, grad)
+    """grad_output * grad in `dtype`. On a GPU a float32 accumulator for a narrower parameter is
+    scaled and rounded in one pass (the kernel casts as it writes), unless the product itself
+    needs a graph (create_graph). On the CPU, where a multiply into a narrower `out` goes
+    through a float32 temporary of the accumulator's size, it is scaled in place and cast."""
+    if (
+        grad.dtype == dtype
+        or not grad.is_cuda
+        or (torch.is_grad_enabled() and grad_output.requires_grad)
+    ):
+        return _ce.scale(grad_output, grad).to(dtype)
     return torch.mul(grad, grad_output, out=torch.empty_like(grad, dtype=dtype))
 
 
