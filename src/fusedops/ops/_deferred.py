@@ -72,15 +72,19 @@ class DeferredChecks:
         while not ring.free:
             oldest, slot, _ = self.pending[0]
             oldest.events[slot].synchronize()
-            self.raise_finished()
+            self._raise_completed()
         slot = ring.free.pop()
         ring.slots[slot].copy_(flag, non_blocking=True)
         ring.events[slot].record(torch.cuda.current_stream(flag.device))  # (where the copy runs)
         self.pending.append((ring, slot, message))
 
     def raise_finished(self):
-        if not self.pending or torch.cuda.is_current_stream_capturing():  # (no event query while capturing)
-            return
+        """Raises for the first completed bad call; nothing while a CUDA graph is being captured
+        (no event may be queried then)."""
+        if self.pending and not torch.cuda.is_current_stream_capturing():
+            self._raise_completed()
+
+    def _raise_completed(self):
         while self.pending and self.pending[0][0].events[self.pending[0][1]].query():
             ring, slot, message = self.pending.popleft()
             ring.free.append(slot)
@@ -110,7 +114,7 @@ class GpuCheck:
         check_mode(mode, op, option)
         if mode is False or not tensor.is_cuda or compiling or torch.cuda.is_current_stream_capturing():
             return None
-        pending.raise_finished()
+        pending._raise_completed()  # (not capturing: checked just above)
         return cls(option, mode)
 
     def finish(self, flag, message):

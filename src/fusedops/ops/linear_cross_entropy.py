@@ -431,13 +431,13 @@ def _backward(ctx, grad_loss, *_unused):
         hidden, weight, target, bias, class_weight = ctx.saved_tensors
         with _direct.below_autograd_unless_grad():
             gh, gw, gb = backward(grad_loss, hidden, weight, target, bias, class_weight, *ctx.options)
+        gw = gw.to(wdt) if needs[1] else None
+        gb = gb.to(bdt) if ctx.has_bias and needs[3] else None
     else:
         gh, gw, gb = ctx.saved_tensors
         gh = _ce.scale(grad_loss, gh) if needs[0] else None
         gw = _scale_to(grad_loss, gw, wdt) if needs[1] else None
         gb = _scale_to(grad_loss, gb, bdt) if ctx.has_bias and needs[3] else None
-    gw = gw.to(wdt) if (gw is not None and needs[1]) else None
-    gb = gb.to(bdt) if (ctx.has_bias and gb is not None and needs[3]) else None
     return (gh if needs[0] else None, gw, None, gb) + (None,) * (n_inputs - 4)
 
 

@@ -154,26 +154,10 @@ def check_backward(grad_q_out, grad_k_out, cos, sin, position_ids):
     check("rope_backward", "grad_q_out", "grad_k_out", grad_q_out, grad_k_out, cos, sin, position_ids)
 
 
-def positions_message(op, position_ids, rows):
-    """The error for the first position outside [0, rows), or None (reads the values: syncs on
-    a GPU)."""
-    if position_ids.numel() == 0:
-        return None
-    # One reduction and one read back (the sync) on the common, valid path.
-    low, high = torch.stack(torch.aminmax(position_ids)).tolist()
-    if low >= 0 and high < rows:
-        return None
-    bad = (position_ids < 0) | (position_ids >= rows)
-    index = [int(i) for i in bad.nonzero()[0]]
-    value = int(position_ids[tuple(index)])
-    where = ", ".join(str(i) for i in index)
-    return f"{op}: position_ids[{where}] = {value} is outside the cos/sin tables' {rows} rows"
-
-
-def check_positions(op, position_ids, cos):
-    message = positions_message(op, position_ids, cos.shape[0])
-    if message is not None:
-        raise ValueError(message)
+def bad_position_index(position_ids, rows):
+    """The op's bad_position computed with torch ops on position_ids' device (no sync): the flat
+    index of the first position outside [0, rows), or -1."""
+    return _deferred.first_index((position_ids < 0) | (position_ids >= rows))
 
 
 def check_positions_mode(op, mode):
@@ -195,6 +179,13 @@ def position_message(op, position_ids, rows):
         return f"{op}: position_ids[{b}, {s}] = {value} is outside the cos/sin tables' {rows} rows"
 
     return message
+
+
+def check_positions(op, position_ids, cos):
+    """Raises for the first position outside cos's rows (reads the values: a sync on a GPU)."""
+    index = int(bad_position_index(position_ids, cos.shape[0]))
+    if index >= 0:
+        raise ValueError(position_message(op, position_ids, cos.shape[0])(index))
 
 
 # ---- fake kernels ----------------------------------------------------------------------------
@@ -464,7 +455,7 @@ def _triton_bad_position(q, cos, position_ids):
     # (the Triton kernels write NaN for a bad position; the record is made with torch ops)
     if position_ids is None:
         return torch.full((), -1, dtype=torch.int64, device=q.device)
-    return _deferred.first_index((position_ids < 0) | (position_ids >= cos.shape[0]))
+    return bad_position_index(position_ids, cos.shape[0])
 
 
 def _triton_forward(q, k, cos, sin, position_ids=None, interleaved=False):
