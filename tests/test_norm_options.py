@@ -1,5 +1,6 @@
-"""What the generic suites cannot see in the norms' options: LLaMA's casting bit for bit, Gemma's
-offset, what the memory-saving backward keeps, and the in-place add_rms_norm_."""
+"""What the generic suites cannot see in the norms: LLaMA's casting bit for bit, Gemma's offset,
+what the memory-saving backward keeps, the in-place add_rms_norm_, and how the CPU adds the
+parameter gradients over chunks of rows."""
 
 import pytest
 import torch
@@ -152,6 +153,50 @@ def test_add_rms_norm_module(device):
     with torch.no_grad():
         out2, residual_out2 = norm(x, r)
     assert residual_out2 is r and torch.equal(r, residual_out) and torch.equal(out2, out)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "add_rms_norm"])
+@pytest.mark.parametrize("rows", [7, 300, 1000])
+def test_cpu_parameter_gradients_over_row_chunks(op, rows):
+    """The CPU backward sums the parameter gradients over a fixed split of the rows into chunks
+    (fewer for fewer rows: here 1, 2 and 7 of them): right against float64 torch at each split,
+    and bitwise the same with one thread as with two."""
+    n = 256
+    gen = torch.Generator().manual_seed(rows)
+    x, r, g = (torch.randn(rows, n, generator=gen) for _ in range(3))
+    w, b = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+
+    def run(f, dtype):
+        params = [w.to(dtype).requires_grad_(), b.to(dtype).requires_grad_()]
+        xs, rs = x.to(dtype), r.to(dtype)
+        if op == "layer_norm":
+            out = f["layer_norm"](xs, params[0], params[1])
+        elif op == "rms_norm":
+            out = f["rms_norm"](xs, params[0])
+            params = params[:1]
+        else:
+            out = f["add_rms_norm"](xs, rs, params[0])
+            params = params[:1]
+        return torch.autograd.grad(out, params, g.to(dtype))
+
+    ours = {"layer_norm": lambda x, w, b: fusedops.layer_norm(x, w, b, eps=1e-5),
+            "rms_norm": lambda x, w: fusedops.rms_norm(x, w, eps=1e-6),
+            "add_rms_norm": lambda x, r, w: fusedops.add_rms_norm(x, r, w, eps=1e-6)[0]}
+    torch_ = {"layer_norm": lambda x, w, b: torch.nn.functional.layer_norm(x, (n,), w, b, eps=1e-5),
+              "rms_norm": lambda x, w: torch.nn.functional.rms_norm(x, (n,), w, eps=1e-6),
+              "add_rms_norm": lambda x, r, w: torch.nn.functional.rms_norm(x + r, (n,), w, eps=1e-6)}
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = run(ours, torch.float32)
+        torch.set_num_threads(1)
+        one = run(ours, torch.float32)
+    finally:
+        torch.set_num_threads(threads)
+    expected = run(torch_, torch.float64)
+    for a, c, e in zip(two, one, expected):
+        assert torch.equal(a, c)
+        torch.testing.assert_close(a, e.float(), rtol=1e-5, atol=1e-4)
 
 
 def test_gpu_code_coverage_rules():

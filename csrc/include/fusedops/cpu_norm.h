@@ -384,14 +384,24 @@ FUSEDOPS_CPU_MULTIVERSION void backward_rows(const BackwardArgs<T, X, W>& a, acc
   }
 }
 
-// out[j] = sum over c of partial[c, j], c in order, for j in [begin, end).
+// out[j] = sum over c of partial[c, j], c in order, for j in [begin, end): a block of columns
+// at a time, adding each chunk's row across the block (contiguous, so the adds vectorise; each
+// column still adds its chunks in order).
 template <typename A, typename W>
 FUSEDOPS_CPU_MULTIVERSION void sum_partials(const A* partial, int64_t chunks, int64_t n, W* out, int64_t begin,
                                             int64_t end) {
-  for (int64_t j = begin; j < end; ++j) {
-    A s = 0;
-    for (int64_t c = 0; c < chunks; ++c) s += partial[c * n + j];
-    out[j] = from_acc<W>(s);
+  constexpr int64_t kColumns = 1024;
+  alignas(64) A acc[kColumns];
+  for (int64_t j0 = begin; j0 < end; j0 += kColumns) {
+    const int64_t m = std::min(kColumns, end - j0);
+    std::fill(acc, acc + m, A(0));
+    for (int64_t c = 0; c < chunks; ++c) {
+      const A* row = partial + c * n + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) acc[j] += row[j];
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) out[j0 + j] = from_acc<W>(acc[j]);
   }
 }
 
@@ -428,8 +438,11 @@ void run_backward(const BackwardProblem& p, const BackwardOutputs& o) {
   }
   // Deterministic parameter gradients: a fixed split of the rows into `chunks` (independent of
   // the thread count), one partial sum per chunk, then the partials added in chunk order. At
-  // most 64 chunks and about 16 MiB of partial sums.
-  const int64_t chunks = std::clamp<int64_t>(std::min<int64_t>(64, (int64_t(1) << 22) / n), 1, rows);
+  // most 64 chunks and about 16 MiB of partial sums, and no more chunks than tasks worth a
+  // thread (grain_rows): each chunk costs n partial sums to clear, write and add up, which for
+  // a few rows is more than their row loop.
+  const int64_t chunks =
+      std::clamp<int64_t>(std::min<int64_t>({64, (int64_t(1) << 22) / n, rows / grain_rows(n)}), 1, rows);
   const int64_t num_params = int64_t(want_dw) + int64_t(want_db);
   Tensor partial = empty_like_device(p.input, {num_params, chunks, n}, acc_dtype(p.grad_output.scalar_type()));
   A* dw_part = want_dw ? partial.mutable_data_ptr<A>() : nullptr;
