@@ -126,6 +126,21 @@ def test_wide_rows(info, n, dtype):
     check_against_reference(info, info.sample_for_shape("cuda", dtype, (3, n), requires_grad=True), dtype)
 
 
+# More rows than one wave of blocks holds, so that the backward's persistent blocks walk several
+# rows each and add their parameter-gradient partials across them: widths that pick one row
+# slot of 8 threads per vector (64), 32 threads (1000 bf16), 4 vectors of 256 threads (4104
+# bf16), 8 vectors (8200 bf16, one block an SM), and for float32 the sweep (8200).
+MANY_ROWS_WIDTHS = [64, 1000, 4104, 8200]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("n", MANY_ROWS_WIDTHS)
+@pytest.mark.parametrize("info", NORMS)
+def test_many_rows(info, n, dtype):
+    """Values and gradients of 3000 rows against the fp64 reference."""
+    check_against_reference(info, info.sample_for_shape("cuda", dtype, (3000, n), requires_grad=True), dtype)
+
+
 @pytest.mark.parametrize("n", WIDE_ROWS)
 def test_wide_rows_add_rms_norm_float32_residual(n):
     """add_rms_norm's wide rows with a float32 residual stream under bf16 activations, also in place."""

@@ -27,14 +27,16 @@
 // it back after (each thread only the elements it wrote).
 //
 // Backward: a persistent grid of one wave of resident blocks; each row slot walks a fixed set
-// of rows with four vectors per thread in flight (x and grad_output), writes grad_input, and
-// keeps its parameter-gradient partials in registers. A block adds its slots' partials in a
-// fixed order and writes one row of a (blocks, n) buffer per parameter, which a second kernel
-// sums over the blocks, again in a fixed order: the parameter gradients are bitwise
-// reproducible, with no atomics. The backward from the saved output y takes the row sum
-// sum(g * xhat) as sum(dy * y) (the weight cancels) and recovers xhat = y / (offset + w) with a
-// reciprocal where it writes grad_input. add_rms_norm's backward reads grad_residual_out where
-// it writes grad_input, and writes grad_residual from the same registers.
+// of rows with four vectors per thread of each input in flight (x and grad_output, and
+// add_rms_norm's grad_residual_out), writes grad_input, and keeps its parameter-gradient
+// partials in registers (rms_norm) or, where those registers would cut the loads in flight
+// (layer_norm's two partials, add_rms_norm's third input), in the block's shared memory. A
+// block adds its slots' partials in a fixed order and writes one row of a (blocks, n) buffer
+// per parameter, which a second kernel sums over the blocks, again in a fixed order: the
+// parameter gradients are bitwise reproducible, with no atomics. The backward from the saved
+// output y takes the row sum sum(g * xhat) as sum(dy * y) (the weight cancels) and recovers
+// xhat = y / (offset + w) with a reciprocal where it writes grad_input. add_rms_norm's backward
+// writes grad_residual from the registers of grad_input.
 //
 // Everything here has internal linkage: each op's translation unit instantiates what it uses.
 #pragma once
@@ -61,12 +63,6 @@ constexpr int kBlock = 256;            // threads per block of the register-cach
 constexpr int kMaxVecsPerThread = 8;   // wider rows are swept
 constexpr int kSweepThreads = 1024;    // threads per row of the sweeping kernels
 constexpr int kForwardVecs = 2;        // vectors per thread the forward aims at
-// and the backward (of x and of grad_output: twice as many loads in flight). layer_norm keeps
-// a second register partial (the bias gradient's) and its mean, and add_rms_norm with 16-bit T
-// (8 values a vector) loads grad_residual_out too, from a residual_out that may be float32: at
-// four vectors a thread would need more than the 128 registers that two resident blocks per SM
-// allow.
-constexpr int backward_vecs(bool centered, bool more_registers = false) { return centered || more_registers ? 2 : 4; }
 
 // What one kernel instance of an uncentred norm computes beyond rms_norm with its defaults
 // (kPlain; layer_norm is always kPlain): kOptions reads offset and cast_before_weight at run
@@ -93,6 +89,12 @@ struct Config {
   using R = RR;
   using A = acc_t<TT>;
 };
+
+// Vectors per thread the backward aims at, of each row it reads (x and grad_output: twice the
+// forward's loads in flight), or two where add_rms_norm keeps its residual rows in float32
+// (8 float32 values a vector of x and of grad_residual_out), whose registers four would spill.
+template <typename C>
+constexpr int kBackwardVecs = C::wide_residual ? 2 : 4;
 
 __device__ __forceinline__ float rsqrt_acc(float v) { return rsqrtf(v); }
 __device__ __forceinline__ double rsqrt_acc(double v) { return rsqrt(v); }
@@ -603,12 +605,23 @@ __device__ __forceinline__ RowGrad<C> row_grad(const BackwardArgs<C>& a, const G
   return g;
 }
 
+// add_rms_norm's grad_residual_out values at `col` of the row `dh` (null, or another norm:
+// nothing loaded, and grad_input_store adds nothing).
+template <typename C, int VEC>
+__device__ __forceinline__ Held<typename C::R, VEC> load_grad_residual(const typename C::R* dh, int64_t col) {
+  Held<typename C::R, VEC> h{};
+  if constexpr (C::add)
+    if (dh != nullptr) h = load_held<typename C::R, VEC>(dh + col);
+  return h;
+}
+
 // VEC values of grad_input at `col`, written to grad_input and (a wider R) grad_residual. Adds
-// dy * xhat into dwp and, for layer_norm, dy into dbp. The partials are always accumulated (a
-// few FMAs) rather than behind a runtime pointer test, which would push the register arrays
+// dy * xhat into dwp and, for layer_norm, dy into dbp. dhv: add_rms_norm's grad_residual_out
+// values (load_grad_residual), added when the row has them. The partials are always accumulated
+// (a few FMAs) rather than behind a runtime pointer test, which would push the register arrays
 // they live in to local memory.
-template <typename C, int VEC, typename V, typename G>
-__device__ __forceinline__ void grad_input_store(const RowGrad<C>& r, const V& xv, const G& gv,
+template <typename C, int VEC, typename V, typename G, typename H>
+__device__ __forceinline__ void grad_input_store(const RowGrad<C>& r, const V& xv, const G& gv, const H& dhv,
                                                  const typename C::W* w, int64_t col, typename C::A offset,
                                                  typename C::A (&dwp)[VEC], typename C::A (&dbp)[VEC]) {
   using T = typename C::T;
@@ -617,9 +630,6 @@ __device__ __forceinline__ void grad_input_store(const RowGrad<C>& r, const V& x
   A dxv[VEC];
   Vec<typename C::W, VEC> wv;
   if (w != nullptr) wv = load_vec_ldg<typename C::W, VEC>(w + col);
-  Vec<R, VEC> dhv;
-  if constexpr (C::add)
-    if (r.dh != nullptr) dhv = load_vec<R, VEC>(r.dh + col);
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
     A xq = acc_at(xv, k) - r.mu;
@@ -631,72 +641,155 @@ __device__ __forceinline__ void grad_input_store(const RowGrad<C>& r, const V& x
     dwp[k] += dyk * (xq * r.xs);
     if constexpr (C::centered) dbp[k] += dyk;
     if constexpr (C::add)
-      if (r.dh != nullptr) dxv[k] += to_acc(dhv.v[k]);
+      if (r.dh != nullptr) dxv[k] += acc_at(dhv, k);
   }
   store_from_acc<T, VEC>(r.dx + col, dxv);
   if constexpr (C::wide_residual) store_from_acc<R, VEC>(r.dr + col, dxv);
 }
 
-// Writes this block's partial row of one parameter gradient: the slots' register partials
-// added through shared memory, slot 0 first.
-template <typename A, int VEC, int TPR, int VPT>
-__device__ __forceinline__ void store_block_partial(A* out, const A (&part)[VPT][VEC], A* shared, int n) {
-  constexpr int kSlots = kBlock / TPR;
-  const int lane = threadIdx.x % TPR;
-  if constexpr (kSlots == 1) {
+// Where the caching backward keeps its parameter-gradient partials (dy * xhat, and dy for
+// layer_norm) across the rows it walks. rms_norm keeps them in registers. layer_norm's second
+// partial and add_rms_norm's third input (grad_residual_out, 8 values a vector under 16-bit T)
+// would cost the registers that four vectors in flight need under the 128-register cap of two
+// resident blocks per SM, so those keep their partials in the block's shared memory instead.
+template <typename C>
+constexpr bool kPartialsInShared = C::centered || (C::add && sizeof(typename C::T) == 2);
+
+// Partials in registers: VPT vectors of VEC accumulators per thread and partial.
+template <typename A, int VEC, int TPR, int VPT, int kParts>
+struct RegisterPartials {
+  static constexpr int kDynamicBytes = 0;
+  // Scratch for adding the slots' partials (static shared memory, when a block has several).
+  static constexpr int kScratch = kBlock / TPR > 1 ? kBlock * VEC : 1;
+  A v[kParts][VPT][VEC];
+
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int p = 0; p < kParts; ++p)
+#pragma unroll
+      for (int i = 0; i < VPT; ++i)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[p][i][k] = 0;
+  }
+  // f(dw, db) on vector i's accumulators (db: dw's again with one partial).
+  template <typename F>
+  __device__ __forceinline__ void update(int i, F&& f) {
+    f(v[0][i], v[kParts - 1][i]);
+  }
+  // Writes the block's row of partial `p` (n values): the slots' partials added in slot order.
+  __device__ __forceinline__ void store(int p, A* out, int n, A* scratch) {
+    constexpr int kSlots = kBlock / TPR;
+    const int lane = threadIdx.x % TPR;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int col = (i * TPR + lane) * VEC;
-      if (col < n) store_acc<A, VEC>(out + col, part[i]);
-    }
-  } else {
+      if constexpr (kSlots == 1) {
+        const int col = (i * TPR + lane) * VEC;
+        if (col < n) store_acc<A, VEC>(out + col, v[p][i]);
+      } else {
+        __syncthreads();
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      __syncthreads();
+        for (int k = 0; k < VEC; ++k) scratch[threadIdx.x * VEC + k] = v[p][i][k];
+        __syncthreads();
+        for (int j = threadIdx.x; j < TPR * VEC; j += kBlock) {
+          const int col = i * TPR * VEC + j;
+          if (col >= n) continue;
+          A s = 0;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) shared[threadIdx.x * VEC + k] = part[i][k];
-      __syncthreads();
-      for (int j = threadIdx.x; j < TPR * VEC; j += kBlock) {
-        const int col = i * TPR * VEC + j;
-        if (col >= n) continue;
-        A s = 0;
-#pragma unroll
-        for (int q = 0; q < kSlots; ++q) s += shared[q * TPR * VEC + j];
-        out[col] = s;
+          for (int q = 0; q < kSlots; ++q) s += scratch[q * TPR * VEC + j];
+          out[col] = s;
+        }
       }
     }
   }
-}
+};
 
-template <typename C>
-constexpr int backward_target() {
-  return backward_vecs(C::centered, C::add && sizeof(typename C::T) == 2);
-}
+// Partials in dynamic shared memory: each thread owns its VPT vectors of each partial there, as
+// 16-byte chunks laid out chunk-major, so that a warp's chunk accesses are conflict-free.
+template <typename A, int VEC, int TPR, int VPT, int kParts>
+struct SharedPartials {
+  using Chunk = Vec<A, 16 / sizeof(A)>;
+  static constexpr int kPer = 16 / sizeof(A), kChunks = VEC / kPer;
+  static_assert(VEC % kPer == 0, "a vector of accumulators is whole chunks");
+  static constexpr int kDynamicBytes = kParts * VPT * kChunks * kBlock * 16;
+  static constexpr int kScratch = 1;
+  Chunk* base;
+
+  __device__ __forceinline__ Chunk& chunk(int p, int i, int c, int thread) const {
+    return base[((p * VPT + i) * kChunks + c) * kBlock + thread];
+  }
+  __device__ __forceinline__ void zero() {
+    Chunk z;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) z.v[k] = 0;
+#pragma unroll
+    for (int p = 0; p < kParts; ++p)
+#pragma unroll
+      for (int i = 0; i < VPT; ++i)
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) chunk(p, i, c, threadIdx.x) = z;
+  }
+  template <typename F>
+  __device__ __forceinline__ void update(int i, F&& f) {
+    A v[kParts][VEC];
+#pragma unroll
+    for (int p = 0; p < kParts; ++p)
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const Chunk ch = chunk(p, i, c, threadIdx.x);
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) v[p][c * kPer + k] = ch.v[k];
+      }
+    f(v[0], v[kParts - 1]);
+#pragma unroll
+    for (int p = 0; p < kParts; ++p)
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        Chunk ch;
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) ch.v[k] = v[p][c * kPer + k];
+        chunk(p, i, c, threadIdx.x) = ch;
+      }
+  }
+  // As RegisterPartials::store (the slots added in the same order), after a block barrier.
+  __device__ __forceinline__ void store(int p, A* out, int n, A*) {
+    constexpr int kSlots = kBlock / TPR;
+    __syncthreads();
+    // Column e of the block's row is element e % VEC of vector e / (TPR * VEC) of lane
+    // e / VEC % TPR: the columns in order, for coalesced stores.
+    for (int e = threadIdx.x; e < VPT * TPR * VEC && e < n; e += kBlock) {
+      const int i = e / (TPR * VEC), lane = e / VEC % TPR, k = e % VEC;
+      A s = 0;
+#pragma unroll
+      for (int q = 0; q < kSlots; ++q) s += chunk(p, i, k / kPer, q * TPR + lane).v[k % kPer];
+      out[e] = s;
+    }
+  }
+};
+
+template <typename C, int VEC, int TPR, int VPT>
+using BackwardPartials =
+    std::conditional_t<kPartialsInShared<C>, SharedPartials<typename C::A, VEC, TPR, VPT, C::centered ? 2 : 1>,
+                       RegisterPartials<typename C::A, VEC, TPR, VPT, C::centered ? 2 : 1>>;
 
 // Two resident blocks per SM (a register cap of 128) keep enough loads in flight; with more
 // vectors per thread than the backward aims at, that cap would spill, so those keep one.
 template <typename C, int VEC, int TPR, int VPT>
-__global__ void __launch_bounds__(kBlock, VPT <= backward_target<C>() ? 2 : 1)
+__global__ void __launch_bounds__(kBlock, VPT <= kBackwardVecs<C> ? 2 : 1)
     backward_kernel(BackwardArgs<C> a, RowLayout dy_rows, RowLayout x_rows, GradResidualRows<C::add> dh_rows,
                     int64_t num_rows, int n) {
   using T = typename C::T;
   using R = typename C::R;
   using A = typename C::A;
+  using Partials = BackwardPartials<C, VEC, TPR, VPT>;
   constexpr int kSlots = kBlock / TPR;  // rows in flight per block
   constexpr int kSums = C::centered ? 2 : 1;
   __shared__ A scratch[2][kSums * kBlock / 32];
+  extern __shared__ uint4 dynamic_shared[];
   const int lane = threadIdx.x % TPR, slot = threadIdx.x / TPR;
   const A inv_n = A(1) / A(n);
-  const bool want_dw = a.dw_partial != nullptr, want_db = C::centered && a.db_partial != nullptr;
-  A dwp[VPT][VEC], dbp[C::centered ? VPT : 1][VEC];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i)
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) dwp[i][k] = 0;
-#pragma unroll
-  for (int i = 0; i < (C::centered ? VPT : 1); ++i)
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) dbp[i][k] = 0;
+  Partials partials;
+  if constexpr (kPartialsInShared<C>) partials.base = reinterpret_cast<typename Partials::Chunk*>(dynamic_shared);
+  partials.zero();
   int parity = 0;
   // `base` is uniform across the block, so every thread meets the same barriers.
   for (int64_t base = int64_t(blockIdx.x) * kSlots; base < num_rows; base += int64_t(gridDim.x) * kSlots) {
@@ -704,8 +797,11 @@ __global__ void __launch_bounds__(kBlock, VPT <= backward_target<C>() ? 2 : 1)
     const bool active = row < num_rows;
     const R* xr = a.x + (active ? x_rows.offset(row) : 0);
     const T* gr = a.dy + (active ? dy_rows.offset(row) : 0);
+    const R* hr = nullptr;
+    if constexpr (C::add)
+      if (active && a.dh != nullptr) hr = a.dh + dh_rows.dh.offset(row);
     // Held packed, so that every load of the row is issued before the first wait.
-    Held<R, VEC> xv[VPT];
+    Held<R, VEC> xv[VPT], hv[C::add ? VPT : 1];
     Held<T, VEC> gv[VPT];
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -713,6 +809,7 @@ __global__ void __launch_bounds__(kBlock, VPT <= backward_target<C>() ? 2 : 1)
       if (active && col < n) {
         xv[i] = load_held<R, VEC>(xr + col);
         gv[i] = load_held<T, VEC>(gr + col);
+        if constexpr (C::add) hv[i] = load_grad_residual<C, VEC>(hr, col);
       }
     }
     const A mu = C::centered && active ? a.mean[row] : A(0);
@@ -730,14 +827,18 @@ __global__ void __launch_bounds__(kBlock, VPT <= backward_target<C>() ? 2 : 1)
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (col < n) grad_input_store<C, VEC>(rg, xv[i], gv[i], a.w, col, a.offset, dwp[i], dbp[C::centered ? i : 0]);
+      if (col < n)
+        partials.update(i, [&](A(&dwp)[VEC], A(&dbp)[VEC]) {
+          grad_input_store<C, VEC>(rg, xv[i], gv[i], hv[C::add ? i : 0], a.w, col, a.offset, dwp, dbp);
+        });
     }
   }
+  const bool want_dw = a.dw_partial != nullptr, want_db = C::centered && a.db_partial != nullptr;
   if (!want_dw && !want_db) return;
-  __shared__ A shared[kBlock / TPR > 1 ? kBlock * VEC : 1];
-  if (want_dw) store_block_partial<A, VEC, TPR, VPT>(a.dw_partial + int64_t(blockIdx.x) * n, dwp, shared, n);
+  __shared__ A shared[Partials::kScratch];
+  if (want_dw) partials.store(0, a.dw_partial + int64_t(blockIdx.x) * n, n, shared);
   if constexpr (C::centered)
-    if (want_db) store_block_partial<A, VEC, TPR, VPT>(a.db_partial + int64_t(blockIdx.x) * n, dbp, shared, n);
+    if (want_db) partials.store(1, a.db_partial + int64_t(blockIdx.x) * n, n, shared);
 }
 
 // The backward of rows too wide for a block to cache: a persistent grid of clusters, each
@@ -794,7 +895,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
       if (column(i) < n)
-        grad_input_store<C, VEC>(rg, xv[i], gv[i], a.w, column(i), a.offset, dwp[i], dbp[C::centered ? i : 0]);
+        grad_input_store<C, VEC>(rg, xv[i], gv[i], load_grad_residual<C, VEC>(rg.dh, column(i)), a.w, column(i),
+                                 a.offset, dwp[i], dbp[C::centered ? i : 0]);
   }
   cluster_arrive();  // (the last row's slots: released once every block has read them)
 #pragma unroll
@@ -845,7 +947,8 @@ __global__ void __launch_bounds__(kSweepThreads)
     const RowGrad<C> rg = row_grad<C>(a, dh_rows, row, n, sums, mu, a.rstd[row], inv_n);
     for (int64_t col = threadIdx.x * VEC; col < n; col += step) {
       A dwp[VEC] = {}, dbp[VEC] = {};
-      grad_input_store<C, VEC>(rg, load_vec<R, VEC>(xr + col), load_vec<T, VEC>(gr + col), a.w, col, a.offset, dwp,
+      grad_input_store<C, VEC>(rg, load_vec<R, VEC>(xr + col), load_vec<T, VEC>(gr + col),
+                               load_grad_residual<C, VEC>(rg.dh, col), a.w, col, a.offset, dwp,
                                dbp);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
@@ -1009,19 +1112,35 @@ unsigned grid_size(const char* op, int64_t blocks) {
   return unsigned(blocks);
 }
 
-// Blocks of `threads` threads of Kernel that fit on one SM at once, asked once per kernel and
-// block size (the answer depends on the kernel's registers and shared memory).
+// Blocks of `threads` threads of Kernel (with `dynamic_shared` bytes of dynamic shared memory,
+// fixed per kernel) that fit on one SM at once, asked once per kernel and block size (the answer
+// depends on the kernel's registers and shared memory).
 template <auto Kernel>
-int resident_blocks(int threads) {
+int resident_blocks(int threads, int dynamic_shared = 0) {
   static std::atomic<int> cached[2] = {0, 0};
   std::atomic<int>& r = cached[threads > kBlock ? 1 : 0];
   int v = r.load(std::memory_order_relaxed);
   if (v == 0) {
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, Kernel, threads, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, Kernel, threads, size_t(dynamic_shared));
     v = std::max(v, 1);
     r.store(v, std::memory_order_relaxed);
   }
   return v;
+}
+
+// Lets Kernel use `bytes` of dynamic shared memory on `device`: beyond the default 48 KB a
+// kernel must opt in, once per device (the attribute belongs to the device's context).
+template <auto Kernel>
+void allow_dynamic_shared(int32_t device, int bytes, const char* op) {
+  constexpr int kDefaultLimit = 48 * 1024;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> allowed[kMaxDevices] = {};
+  if (bytes <= kDefaultLimit) return;
+  if (device >= 0 && device < kMaxDevices && allowed[device].load(std::memory_order_relaxed)) return;
+  const cudaError_t e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  STD_TORCH_CHECK(e == cudaSuccess, op, ": cannot give a CUDA kernel ", bytes,
+                  " bytes of shared memory: ", cudaGetErrorString(e));
+  if (device >= 0 && device < kMaxDevices) allowed[device].store(true, std::memory_order_relaxed);
 }
 
 // Whether Kernel (a cluster kernel) runs its real code on the current GPU: the code the GPU
@@ -1162,7 +1281,6 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
   using R = typename C::R;
   using A = typename C::A;
   constexpr int kVec = 16 / sizeof(T);
-  constexpr int kTarget = backward_target<C>();
   BackwardArgs<C> a{reinterpret_cast<const T*>(p.grad_output.const_data_ptr()),
                     reinterpret_cast<const R*>(p.input.const_data_ptr()),
                     param_ptr<W>(p.weight),
@@ -1186,7 +1304,7 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
                         {a.dh, &p.grad_residual_rows, sizeof(R)},
                         {a.dx, nullptr, sizeof(T)},
                         {a.dr, nullptr, sizeof(R)}},
-                       kTarget,
+                       kBackwardVecs<C>,
                        cluster_kernel_usable<backward_cluster_kernel<C, kVec, kClusterBackwardVecs>>()
                            ? kMaxBackwardCluster
                            : 0,
@@ -1218,11 +1336,15 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
   };
   // One wave of resident blocks, each walking its rows: as few partial rows to add up as
   // the bandwidth allows.
-  const auto run = [&](auto kernel_tag, int64_t blocks_needed, dim3 block, int64_t partials_per_block) {
+  const auto run = [&](auto kernel_tag, int64_t blocks_needed, dim3 block, int64_t partials_per_block,
+                       int dynamic_shared = 0) {
     constexpr auto kernel = decltype(kernel_tag)::value;
-    const int64_t blocks = std::min(blocks_needed, sms * resident_blocks<kernel>(int(block.x * block.y)));
+    allow_dynamic_shared<kernel>(device, dynamic_shared, op);
+    const int64_t blocks =
+        std::min(blocks_needed, sms * resident_blocks<kernel>(int(block.x * block.y), dynamic_shared));
     run_partials(blocks * partials_per_block, [&] {
-      kernel<<<grid_size(op, blocks), block, 0, stream>>>(a, p.grad_rows, p.rows, dh_rows, p.num_rows, p.n);
+      kernel<<<grid_size(op, blocks), block, size_t(dynamic_shared), stream>>>(a, p.grad_rows, p.rows, dh_rows,
+                                                                            p.num_rows, p.n);
     });
   };
   if (s.cluster > 0) {
@@ -1250,10 +1372,11 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
   const auto launch = [&](auto vec, auto tag) {
     using Tag = decltype(tag);
     constexpr int kRows = kBlock / Tag::tpr;
-    run(Constant<backward_kernel<C, decltype(vec)::value, Tag::tpr, Tag::vpt>>{}, (p.num_rows + kRows - 1) / kRows,
-        dim3(kBlock), 1);
+    constexpr int kVecT = decltype(vec)::value;
+    run(Constant<backward_kernel<C, kVecT, Tag::tpr, Tag::vpt>>{}, (p.num_rows + kRows - 1) / kRows, dim3(kBlock), 1,
+        BackwardPartials<C, kVecT, Tag::tpr, Tag::vpt>::kDynamicBytes);
   };
-  dispatch_cached<T>(s, op, launch, CachedShapes<kTarget>{});
+  dispatch_cached<T>(s, op, launch, CachedShapes<kBackwardVecs<C>>{});
 }
 
 // rms_norm (kCentered false) or layer_norm (true): writes o.out, o.rstd and (layer_norm) o.mean.
