@@ -355,6 +355,8 @@ def test_wide_rows(device, V, dtype, ls_z_cap):
     rl, rg = _ref_grad(x, t, go, **kw)
     tol = 2e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(loss.double(), rl, atol=tol * V ** 0.5, rtol=tol)
+    with torch.no_grad():
+        torch.testing.assert_close(fusedops.cross_entropy(x, t, **kw).double(), rl, atol=tol * V ** 0.5, rtol=tol)
     norm = rg.abs().max().item()
     torch.testing.assert_close(g.double() / norm, rg / norm, atol=tol / 2, rtol=2 * tol)
 
@@ -467,8 +469,13 @@ def test_rows_of_every_kernel_width(device, V, options):
     torch.testing.assert_close(lse[kept].double(), torch.logsumexp(capped[kept], -1), atol=1e-4, rtol=1e-4)
     scale = expected_grad.abs().amax()
     torch.testing.assert_close(grad.double() / scale, expected_grad / scale, atol=8e-3, rtol=0)
-    # Without a gradient, and with the gradient written over the logits: the same numbers.
-    torch.testing.assert_close(torch.ops.fusedops.cross_entropy(x, t, *args, False)[0], loss, atol=0, rtol=0)
+    # Without a gradient (rows wider than a block: split_kernel's slices, merged in another order
+    # than the row kernel's, so equal to rounding) and with the gradient written over the logits
+    # (the same kernel: the same bits).
+    loss_ng, lse_ng = torch.ops.fusedops.cross_entropy(x, t, *args, False)[:2]
+    torch.testing.assert_close(loss_ng.double(), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(loss_ng, loss, atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(lse_ng[kept], lse[kept], atol=2e-6, rtol=2e-6)
     xi = x.clone()
     torch.testing.assert_close(torch.ops.fusedops.cross_entropy_(xi, t, *args)[0], loss, atol=0, rtol=0)
     torch.testing.assert_close(xi, grad, atol=0, rtol=0)

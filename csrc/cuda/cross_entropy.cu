@@ -27,6 +27,9 @@
 //    rows whose strides or base are not 16-byte aligned) takes the sweep kernel: one block per
 //    row, an online-softmax pass, then a gradient pass that reads the row again (mostly from
 //    L2: a block works on one row at a time).
+//    Without a gradient, rows of more than one block's vectors are read as slices instead: a
+//    block per slice of a row writes the slice's statistics and a second kernel merges each
+//    row's (split_kernel, combine_kernel).
 //    Rows whose target is ignore_index are not read; their gradient rows are written as zeros.
 // 3. sum_kernel, one block: "mean"/"sum" add the per-row losses in row order.
 // The backward (scale_kernel) multiplies the gradient by grad_output, read on the device; in
@@ -449,6 +452,85 @@ __global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> args
   if (blocks > 1) cluster_wait();  // no block leaves while another may still read its slot
 }
 
+// ---- the no-grad forward of rows wider than a block: slices, then a combine ------------------
+//
+// Without a gradient a row need not stay on chip after its statistics, and the row kernel's
+// cluster barrier would only make each block wait for the slowest of its row. split_kernel gives
+// each block one slice of kSplitThreads * kSplitVecs vectors of a row and writes the slice's
+// (max, sum of exp, sum of w_j x_j); combine_kernel merges a row's slices in slice order, a warp
+// per row, and finishes the row. Blocks retire independently, so loads stay in flight: at 8192 x
+// 128256 bf16 on the H200 this reads at 4.5 TB/s, the read-only ceiling, where the cluster kernel
+// read at 3.0 (benchmarks/cross_entropy_split_rows.cu). The loss may differ from the forward with
+// a gradient in its last bits (another order of the same sums).
+constexpr int kSplitThreads = 128;
+constexpr int kSplitVecs = 8;
+constexpr int kCombineThreads = 256;
+
+template <typename T, bool kOptions>
+__global__ void __launch_bounds__(kSplitThreads) split_kernel(const Args<acc_t<T>> args, int splits, acc_t<T>* part) {
+  using A = acc_t<T>;
+  Args<A> a = args;
+  if constexpr (!kOptions) {
+    a.softcap = false;
+    a.smoothing = false;
+  }
+  constexpr int VEC = 16 / sizeof(T);
+  __shared__ A sh[kShared];
+  const int64_t row = blockIdx.x / splits;
+  const int slice = int(blockIdx.x % splits);
+  if (target_at(a.target, a.target32, row) == a.ignore_index) return;  // (combine_kernel skips the row)
+  const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
+  const auto column = [&](int i) { return int64_t(((slice * kSplitVecs + i) * kSplitThreads + int(threadIdx.x)) * VEC); };
+  const auto live = [&](int i) { return column(i) < a.V; };
+  Held<T, VEC> xv[kSplitVecs];
+#pragma unroll
+  for (int i = 0; i < kSplitVecs; ++i)
+    if (live(i)) xv[i] = load_held<T, VEC>(x + column(i));
+  A m, s, wx;
+  share_stats<T, kSplitVecs, kOptions, VEC>(a, xv, live, column, m, s, wx);
+  row_combine(m, s, wx, sh, 1);
+  if (threadIdx.x == 0) {
+    A* out = part + 3 * int64_t(blockIdx.x);
+    out[0] = m;
+    out[1] = s;
+    out[2] = wx;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel(const Args<acc_t<T>> a, int splits, const acc_t<T>* part, int64_t R) {
+  using A = acc_t<T>;
+  const int64_t row = int64_t(blockIdx.x) * (kCombineThreads / 32) + threadIdx.x / 32;
+  if (row >= R) return;  // (whole warps)
+  const int lane = threadIdx.x & 31;
+  const int64_t t = target_at(a.target, a.target32, row);
+  if (t == a.ignore_index) {
+    if (lane == 0) {
+      a.lse[row] = 0;
+      a.rowloss[row] = 0;
+    }
+    return;
+  }
+  // Lane l merges slices l, l + 32, ... in order, then the warp merges the lanes.
+  A m = neg_inf<A>(), s = 0, wx = 0;
+  for (int k = lane; k < splits; k += 32) {
+    const A* in = part + 3 * (row * splits + k);
+    const A km = in[0], ks = in[1];
+    wx += in[2];
+    if (km > m) {
+      s = s * a_exp(m - km) + ks;  // (m = -inf: s is 0, and exp(-inf) is 0)
+      m = km;
+    } else if (km != neg_inf<A>()) {
+      s += ks * a_exp(km - m);
+    }
+  }
+  warp_combine(m, s, wx);
+  const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
+  const A xt = lane == 0 ? target_logit(a, x, t) : A(0);
+  finish_row<T>(a, row, t, m, s, wx, xt, lane == 0);
+}
+
 // The sweeping kernel: a block per row, the row read once for its statistics (online) and again
 // for the gradient. VEC elements per access (16 bytes when the row allows, else 1).
 template <typename T, int VEC, bool kGrad>
@@ -695,12 +777,38 @@ bool try_rows(const Args<acc_t<T>>& a, int64_t R, int64_t vectors, cudaStream_t 
   return false;
 }
 
+// The no-grad forward of rows of more than one block's vectors (one a thread), as slices; false
+// when the grid would be too large (the caller then takes the row kernel).
+template <typename T>
+bool try_slices(const Args<acc_t<T>>& a, const Problem& p, cudaStream_t stream, const char* op) {
+  using A = acc_t<T>;
+  constexpr int64_t kVec = 16 / sizeof(T);
+  constexpr int64_t kSlice = int64_t(kSplitThreads) * kSplitVecs;
+  const int64_t vectors = p.V / kVec;
+  const int64_t splits = (vectors + kSlice - 1) / kSlice;
+  if (vectors <= kThreads || p.R * splits >= (int64_t(1) << 31)) return false;
+  const Tensor part = empty_like_device(p.logits, {p.R * splits * 3}, acc_dtype(p.dtype));
+  A* parts = part.mutable_data_ptr<A>();
+  const unsigned blocks = unsigned(p.R * splits);
+  if (a.softcap || a.smoothing)
+    split_kernel<T, true><<<blocks, kSplitThreads, 0, stream>>>(a, int(splits), parts);
+  else
+    split_kernel<T, false><<<blocks, kSplitThreads, 0, stream>>>(a, int(splits), parts);
+  check_launch(op);
+  constexpr int64_t kRowsPerBlock = kCombineThreads / 32;
+  combine_kernel<T><<<unsigned((p.R + kRowsPerBlock - 1) / kRowsPerBlock), kCombineThreads, 0, stream>>>(
+      a, int(splits), parts, p.R);
+  check_launch(op);
+  return true;
+}
+
 template <typename T, bool kGrad>
 void run_rows(const Args<acc_t<T>>& a, const Problem& p, cudaStream_t stream, const char* op) {
   constexpr int kVec = 16 / sizeof(T);
   const bool vector = p.V % kVec == 0 && aligned16(a.x) && rows_aligned(p.rows, kVec) &&
                       (!kGrad || (aligned16(a.grad) && rows_aligned(a.grad_rows, kVec)));
   if constexpr (sizeof(T) < 8) {
+    if (!kGrad && vector && try_slices<T>(a, p, stream, op)) return;
     const bool options = a.softcap || a.smoothing;
     if (vector && (options ? try_rows<T, kGrad, true>(a, p.R, p.V / kVec, stream, op)
                            : try_rows<T, kGrad, false>(a, p.R, p.V / kVec, stream, op)))
