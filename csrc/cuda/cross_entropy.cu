@@ -15,7 +15,7 @@
 //    distributed shared memory, cuda_norm.cuh's machinery) combine those in a fixed order, so
 //    every thread ends with the same row statistics, bit for bit. The gradient is then written
 //    from the registers with 16-byte stores. Up to 8 x 512 x 8 vectors: 262144 bf16/fp16 or
-//    131072 fp32 classes per row. Two blocks share an SM (61 registers a thread), one loading
+//    131072 fp32 classes per row. Two blocks share an SM (64 registers a thread at most), one loading
 //    while the other computes.
 //    The kernel is bound by instructions as much as by memory, so a column's work is kept to
 //    about five instructions (see share_stats): at 8192 x 128256 bf16 on the H200 (ncu) that cut
@@ -399,8 +399,12 @@ __device__ __forceinline__ void zero_columns(T* g, int64_t col) {
 // Vector i of thread tid of cluster rank r holds columns ((i * blocks + r) * 512 + tid) * VEC.
 // kOptions: softcap or label smoothing may be on; without, their code is compiled out (the
 // common case keeps fewer registers).
+// Two blocks an SM (64 registers a thread) are what hides one block's barrier behind the other's
+// loads: asked for explicitly, since left to itself ptxas may take more (78 registers at 8 bf16
+// vectors a thread given a bound of one block, which ran 8192x128256 forward+backward at 2.4
+// TB/s instead of 3.4 on the H200). The options' 8-vector kernel would spill at 64; it keeps one.
 template <typename T, int VPT, bool kGrad, bool kOptions>
-__global__ void __launch_bounds__(kThreads) row_kernel(const Args<acc_t<T>> args) {
+__global__ void __launch_bounds__(kThreads, kOptions && VPT == 8 ? 1 : 2) row_kernel(const Args<acc_t<T>> args) {
   using A = acc_t<T>;
   Args<A> a = args;
   if constexpr (!kOptions) {
