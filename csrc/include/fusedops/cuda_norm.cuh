@@ -19,7 +19,7 @@
 // of y and of residual_out. In place, residual_out is the residual: each thread reads its
 // elements before it writes them.
 // Forward rows wider than 8 vectors x 256 threads (16384 bf16) are cached the same way by a
-// thread-block cluster of up to 8 blocks of 1024 threads (sm_90; up to 262144 bf16 values),
+// thread-block cluster of up to 8 blocks of 512 threads (sm_90; up to 262144 bf16 values),
 // which add their partial sums through distributed shared memory. Wider rows, the backward of
 // rows wider than a block caches, and inputs that are not 16-byte aligned take a sweeping
 // kernel of the same math that reads the row again for each statistic (from L2 while the rows
@@ -457,8 +457,18 @@ __device__ __forceinline__ int cluster_column(int i, unsigned blocks, unsigned r
   return int(((i * blocks + rank) * kClusterThreads + threadIdx.x) * VEC);
 }
 
+// Blocks an SM the cluster forward asks for: two (64 registers a thread), so that one block's
+// loads hide the other's cluster barrier. At 8 vectors a thread that spills 8-36 bytes for
+// rms_norm and layer_norm with parameters of the input's type, which still pays: at 256 x
+// 262144 bf16 on the H200 layer_norm went from 1.78 to 2.41 TB/s and rms_norm from 2.17 to 2.76.
+// add_rms_norm (128 bytes and more) and float32 parameters under 16-bit inputs (170 and more)
+// spill too much and keep one (add_rms_norm measured 2.94 TB/s at one, 2.28 at two).
+template <typename C, int VPT>
+constexpr int kClusterForwardBlocks =
+    VPT <= 4 || (!C::add && sizeof(typename C::W) == sizeof(typename C::T) && sizeof(typename C::T) <= 4) ? 2 : 1;
+
 template <typename C, int VEC, int VPT>
-__global__ void __launch_bounds__(kClusterThreads)
+__global__ void __launch_bounds__(kClusterThreads, kClusterForwardBlocks<C, VPT>)
     forward_cluster_kernel(ForwardArgs<C> a, RowLayout rows, ResidualRows<C::add> res_rows, int64_t n,
                            typename C::A eps) {
   using T = typename C::T;
@@ -470,17 +480,19 @@ __global__ void __launch_bounds__(kClusterThreads)
   const int64_t row = blockIdx.x / blocks;  // (32-bit division)
   const T* xr = a.x + rows.offset(row);
   const auto column = [&](int i) { return cluster_column<VEC>(i, blocks, rank); };
-  std::conditional_t<C::add, Held<R, VEC>, Vec<T, VEC>> xv[VPT];
+  // Held packed, as in forward_kernel: every load issued before the first wait, and 16-bit
+  // values two to a register.
+  Held<std::conditional_t<C::add, R, T>, VEC> xv[VPT];
   if constexpr (C::add) {
     const R* rr = a.r + res_rows.r.offset(row);
     R* hr = a.h + res_rows.h.offset(row);
-    Vec<T, VEC> xin[VPT];
-    Vec<R, VEC> rin[VPT];
+    Held<T, VEC> xin[VPT];
+    Held<R, VEC> rin[VPT];
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (column(i) < n) {
-        xin[i] = load_vec<T, VEC>(xr + column(i));
-        rin[i] = load_vec<R, VEC>(rr + column(i));
+        xin[i] = load_held<T, VEC>(xr + column(i));
+        rin[i] = load_held<R, VEC>(rr + column(i));
       }
     }
 #pragma unroll
@@ -493,7 +505,7 @@ __global__ void __launch_bounds__(kClusterThreads)
   } else {
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
-      if (column(i) < n) xv[i] = load_vec<T, VEC>(xr + column(i));
+      if (column(i) < n) xv[i] = load_held<T, VEC>(xr + column(i));
   }
   A mu = 0;
   if constexpr (C::centered) {
