@@ -395,6 +395,18 @@ __device__ __forceinline__ void zero_columns(T* g, int64_t col) {
   store_from_acc<T, VEC>(g + col, z);
 }
 
+// The arguments as a kernel compiled with or without the options (softcap, label smoothing)
+// sees them: without, their flags are off, so that their code is dead and compiled out.
+template <bool kOptions, typename A>
+__device__ __forceinline__ Args<A> options_compiled(const Args<A>& args) {
+  Args<A> a = args;
+  if constexpr (!kOptions) {
+    a.softcap = false;
+    a.smoothing = false;
+  }
+  return a;
+}
+
 // The register-caching kernel: a block (or a cluster of blocks) per row, VPT vectors a thread.
 // Vector i of thread tid of cluster rank r holds columns ((i * blocks + r) * 512 + tid) * VEC.
 // kOptions: softcap or label smoothing may be on; without, their code is compiled out (the
@@ -406,11 +418,7 @@ __device__ __forceinline__ void zero_columns(T* g, int64_t col) {
 template <typename T, int VPT, bool kGrad, bool kOptions>
 __global__ void __launch_bounds__(kThreads, kOptions && VPT == 8 ? 1 : 2) row_kernel(const Args<acc_t<T>> args) {
   using A = acc_t<T>;
-  Args<A> a = args;
-  if constexpr (!kOptions) {
-    a.softcap = false;
-    a.smoothing = false;
-  }
+  const Args<A> a = options_compiled<kOptions>(args);
   constexpr int VEC = 16 / sizeof(T);
   __shared__ A sh[kShared];
   const unsigned rank = cluster_rank(), blocks = cluster_blocks();
@@ -473,11 +481,7 @@ constexpr int kCombineThreads = 256;
 template <typename T, bool kOptions>
 __global__ void __launch_bounds__(kSplitThreads) split_kernel(const Args<acc_t<T>> args, int splits, acc_t<T>* part) {
   using A = acc_t<T>;
-  Args<A> a = args;
-  if constexpr (!kOptions) {
-    a.softcap = false;
-    a.smoothing = false;
-  }
+  const Args<A> a = options_compiled<kOptions>(args);
   constexpr int VEC = 16 / sizeof(T);
   __shared__ A sh[kShared];
   const int64_t row = blockIdx.x / splits;
