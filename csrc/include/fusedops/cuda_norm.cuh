@@ -595,6 +595,15 @@ struct RowGrad {
   A mu, rs, c0, c1, xs;
 };
 
+// add_rms_norm's grad_residual_out row `row`, or null (no such gradient, or another norm).
+template <typename C>
+__device__ __forceinline__ const typename C::R* grad_residual_row(const BackwardArgs<C>& a,
+                                                                  const GradResidualRows<C::add>& dh_rows, int64_t row) {
+  if constexpr (C::add)
+    if (a.dh != nullptr) return a.dh + dh_rows.dh.offset(row);
+  return nullptr;
+}
+
 // The row's coefficients from its reduced sums.
 template <typename C, int K>
 __device__ __forceinline__ RowGrad<C> row_grad(const BackwardArgs<C>& a, const GradResidualRows<C::add>& dh_rows,
@@ -607,7 +616,7 @@ __device__ __forceinline__ RowGrad<C> row_grad(const BackwardArgs<C>& a, const G
   g.dh = nullptr;
   if constexpr (C::add) {
     if constexpr (C::wide_residual) g.dr = a.dr + row * n;
-    if (a.dh != nullptr) g.dh = a.dh + dh_rows.dh.offset(row);
+    g.dh = grad_residual_row<C>(a, dh_rows, row);
   }
   g.mu = mu;
   g.rs = rs;
@@ -811,7 +820,7 @@ __global__ void __launch_bounds__(kBlock, VPT <= kBackwardVecs<C> ? 2 : 1)
     const T* gr = a.dy + (active ? dy_rows.offset(row) : 0);
     const R* hr = nullptr;
     if constexpr (C::add)
-      if (active && a.dh != nullptr) hr = a.dh + dh_rows.dh.offset(row);
+      if (active) hr = grad_residual_row<C>(a, dh_rows, row);
     // Held packed, so that every load of the row is issued before the first wait.
     Held<R, VEC> xv[VPT], hv[C::add ? VPT : 1];
     Held<T, VEC> gv[VPT];
