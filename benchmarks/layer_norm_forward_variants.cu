@@ -90,25 +90,43 @@ __device__ __forceinline__ void row_stats(const Held<T, VEC> (&xv)[VPT], int n, 
   }
 }
 
+// A thread's VPT vectors of row xr, and of the weight and bias.
+template <int TPR, int VPT>
+__device__ __forceinline__ void load_row(const T* xr, int lane, Held<T, VEC> (&xv)[VPT]) {
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) xv[i] = load_held<T, VEC>(xr + (i * TPR + lane) * VEC);
+}
+
+template <int TPR, int VPT>
+__device__ __forceinline__ void load_params(const ForwardArgs<CL>& a, int lane, Params<CL, VEC> (&params)[VPT]) {
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) params[i] = Params<CL, VEC>::load(a, (i * TPR + lane) * VEC);
+}
+
+// Writes the row's statistics and its normalised values.
+template <int TPR, int VPT>
+__device__ __forceinline__ void store_row(const ForwardArgs<CL>& a, int64_t row, int n, int lane,
+                                          const Held<T, VEC> (&xv)[VPT], const Params<CL, VEC> (&params)[VPT],
+                                          float mu, float rs) {
+  if (lane == 0) { a.rstd[row] = rs; a.mean[row] = mu; }
+  T* yr = a.y + row * n;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) normalize_store<CL, VEC>(a, yr, xv[i], (i * TPR + lane) * VEC, mu, rs, params[i]);
+}
+
 // Non-persistent (a row group per block) with a chosen min-blocks bound.
 template <int TPR, int VPT, int MINB, int STATS>
 __global__ void __launch_bounds__(kBlock, MINB) ln_simple(ForwardArgs<CL> a, int64_t num_rows, int n, float eps) {
   __shared__ float scratch[2][2 * kBlock / 32];
   const int lane = threadIdx.x % TPR;
   const int64_t row = int64_t(blockIdx.x) * (kBlock / TPR) + threadIdx.x / TPR;
-  const T* xr = a.x + row * n;
   Held<T, VEC> xv[VPT];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) xv[i] = load_held<T, VEC>(xr + (i * TPR + lane) * VEC);
+  load_row<TPR>(a.x + row * n, lane, xv);
   Params<CL, VEC> params[VPT];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) params[i] = Params<CL, VEC>::load(a, (i * TPR + lane) * VEC);
+  load_params<TPR>(a, lane, params);
   float mu, rs;
   row_stats<TPR, VPT, STATS>(xv, n, mu, rs, eps, scratch);
-  if (lane == 0) { a.rstd[row] = rs; a.mean[row] = mu; }
-  T* yr = a.y + row * n;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) normalize_store<CL, VEC>(a, yr, xv[i], (i * TPR + lane) * VEC, mu, rs, params[i]);
+  store_row<TPR>(a, row, n, lane, xv, params, mu, rs);
 }
 
 // Persistent: a block walks row groups g, g + grid, ...; the next group's loads are issued
@@ -120,30 +138,18 @@ __global__ void __launch_bounds__(kBlock, MINB) ln_pipe(ForwardArgs<CL> a, int64
   const int lane = threadIdx.x % TPR, slot = threadIdx.x / TPR;
   const int64_t groups = num_rows / kRows;
   Params<CL, VEC> params[VPT];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) params[i] = Params<CL, VEC>::load(a, (i * TPR + lane) * VEC);
+  load_params<TPR>(a, lane, params);
   int64_t g = blockIdx.x;
   Held<T, VEC> xv[VPT];
-  if (g < groups) {
-    const T* xr = a.x + (g * kRows + slot) * n;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) xv[i] = load_held<T, VEC>(xr + (i * TPR + lane) * VEC);
-  }
+  if (g < groups) load_row<TPR>(a.x + (g * kRows + slot) * n, lane, xv);
   for (; g < groups; g += gridDim.x) {
     const int64_t row = g * kRows + slot;
     Held<T, VEC> xn[VPT];
     const int64_t next = g + gridDim.x;
-    if (next < groups) {
-      const T* xr = a.x + (next * kRows + slot) * n;
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) xn[i] = load_held<T, VEC>(xr + (i * TPR + lane) * VEC);
-    }
+    if (next < groups) load_row<TPR>(a.x + (next * kRows + slot) * n, lane, xn);
     float mu, rs;
     row_stats<TPR, VPT, STATS>(xv, n, mu, rs, eps, scratch);
-    if (lane == 0) { a.rstd[row] = rs; a.mean[row] = mu; }
-    T* yr = a.y + row * n;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) normalize_store<CL, VEC>(a, yr, xv[i], (i * TPR + lane) * VEC, mu, rs, params[i]);
+    store_row<TPR>(a, row, n, lane, xv, params, mu, rs);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) xv[i] = xn[i];
   }
