@@ -57,10 +57,13 @@ def _device_str(t):
 
 
 def _check_qk(op, name, t):
-    if t.dim() != 4:
+    """t's shape, after the checks of its rank and dtype."""
+    shape = t.shape
+    if len(shape) != 4:
         raise ValueError(f"{op}: {name} must be a 4-D (batch, heads, seq, head_dim) tensor, got {_dims_str(t)}")
     if t.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{op}: {name} dtype must be float32, bfloat16, float16 or float64, got {dtype_name(t.dtype)}")
+    return shape
 
 
 def cos_dtype_ok(x_dtype, cos_dtype):
@@ -70,51 +73,51 @@ def cos_dtype_ok(x_dtype, cos_dtype):
 
 def check(op, qn, kn, q, k, cos, sin, position_ids):
     """The checks of csrc/include/fusedops/rope.h (make_problem), in the same words. `q` or `k`
-    may be None (a backward's absent gradient)."""
-    if q is not None:
-        _check_qk(op, qn, q)
-    if k is not None:
-        _check_qk(op, kn, k)
-    ref, refn = (q, qn) if q is not None else (k, kn)
+    may be None (a backward's absent gradient). Each tensor's metadata is read once: this runs
+    before every eager call on torch < 2.13 (fusedops/_native.py), where it is most of the
+    per-call host time of a decode step."""
+    qs = _check_qk(op, qn, q) if q is not None else None
+    ks = _check_qk(op, kn, k) if k is not None else None
+    ref, refn, rs = (q, qn, qs) if q is not None else (k, kn, ks)
     if q is not None and k is not None:
         if k.dtype != q.dtype:
             raise ValueError(f"{op}: {kn} dtype {dtype_name(k.dtype)} does not match {qn} dtype {dtype_name(q.dtype)}")
         if not _same_device(k, q):
             raise ValueError(f"{op}: {kn} is on {_device_str(k)} but {qn} is on {_device_str(q)}")
-        if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2] or k.shape[3] != q.shape[3]:
+        if ks[0] != qs[0] or ks[2] != qs[2] or ks[3] != qs[3]:
             raise ValueError(
                 f"{op}: {kn} shape {shape_str(k)} does not go with {qn} shape {shape_str(q)}: "
                 "batch, sequence and head_dim must match"
             )
-        if k.shape[1] != 0 and q.shape[1] % k.shape[1] != 0:
+        if ks[1] != 0 and qs[1] % ks[1] != 0:
             raise ValueError(
-                f"{op}: {qn} has {q.shape[1]} heads, which is not a multiple of {kn}'s {k.shape[1]} heads "
+                f"{op}: {qn} has {qs[1]} heads, which is not a multiple of {kn}'s {ks[1]} heads "
                 "(grouped-query attention)"
             )
-    if cos.dim() < 1 or cos.dtype not in FLOAT_DTYPES:
-        got = "a 0-dimensional tensor" if cos.dim() == 0 else f"{dtype_name(cos.dtype)} {_dims_str(cos)}"
+    cs, cos_dtype = cos.shape, cos.dtype
+    if len(cs) < 1 or cos_dtype not in FLOAT_DTYPES:
+        got = "a 0-dimensional tensor" if len(cs) == 0 else f"{dtype_name(cos_dtype)} {_dims_str(cos)}"
         raise ValueError(f"{op}: cos must be a floating-point tensor of at least 1 dimension, got {got}")
-    if sin.shape != cos.shape:
+    if sin.shape != cs:
         raise ValueError(f"{op}: sin shape {shape_str(sin)} does not match cos shape {shape_str(cos)}")
-    if sin.dtype != cos.dtype:
-        raise ValueError(f"{op}: sin dtype {dtype_name(sin.dtype)} does not match cos dtype {dtype_name(cos.dtype)}")
+    if sin.dtype != cos_dtype:
+        raise ValueError(f"{op}: sin dtype {dtype_name(sin.dtype)} does not match cos dtype {dtype_name(cos_dtype)}")
     if ref is not None:
-        if not cos_dtype_ok(ref.dtype, cos.dtype):
+        if not cos_dtype_ok(ref.dtype, cos_dtype):
             raise ValueError(
-                f"{op}: cos dtype {dtype_name(cos.dtype)} does not go with {refn} dtype {dtype_name(ref.dtype)}: "
+                f"{op}: cos dtype {dtype_name(cos_dtype)} does not go with {refn} dtype {dtype_name(ref.dtype)}: "
                 f"use {refn}'s dtype, or float32 with bfloat16/float16 {refn}"
             )
         for name, t in (("cos", cos), ("sin", sin)):
             if not _same_device(t, ref):
                 raise ValueError(f"{op}: {name} is on {_device_str(t)} but {refn} is on {_device_str(ref)}")
-    B, S, D = (ref.shape[0], ref.shape[2], ref.shape[3]) if ref is not None else (0, 0, 0)
+    B, S, D = (rs[0], rs[2], rs[3]) if ref is not None else (0, 0, 0)
     if position_ids is not None:
         if position_ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"{op}: position_ids dtype must be int32 or int64, got {dtype_name(position_ids.dtype)}")
         if ref is not None:
-            if not (
-                position_ids.dim() == 2 and position_ids.shape[0] in (1, B) and position_ids.shape[1] == S
-            ):
+            ps = position_ids.shape
+            if not (len(ps) == 2 and ps[0] in (1, B) and ps[1] == S):
                 raise ValueError(
                     f"{op}: position_ids must have shape (1 or batch, seq) = (1 or {B}, {S}), got {_dims_str(position_ids)}"
                 )
@@ -122,17 +125,17 @@ def check(op, qn, kn, q, k, cos, sin, position_ids):
                 raise ValueError(
                     f"{op}: position_ids is on {_device_str(position_ids)} but {refn} is on {_device_str(ref)}"
                 )
-        if cos.dim() != 2:
+        if len(cs) != 2:
             raise ValueError(
                 f"{op}: with position_ids, cos and sin must be (max_positions, rotary_dim) tables, got cos {_dims_str(cos)}"
             )
     elif ref is not None:
-        if not (cos.dim() == 3 and cos.shape[0] in (1, B) and cos.shape[1] == S):
+        if not (len(cs) == 3 and cs[0] in (1, B) and cs[1] == S):
             raise ValueError(
                 f"{op}: cos must have shape (1 or batch, seq, rotary_dim) = (1 or {B}, {S}, rotary_dim) without "
                 f"position_ids, got {_dims_str(cos)}"
             )
-    R = cos.shape[-1]
+    R = cs[-1]
     if ref is not None and not (R % 2 == 0 and R <= D):
         raise ValueError(
             f"{op}: the rotary dimension cos.size(-1) = {R} must be even and at most head_dim {refn}.size(-1) = {D}"
