@@ -1,13 +1,15 @@
 // rope, rope_ and rope_backward on CUDA (the math: fusedops/rope.h).
 //
 // Memory-bound: q and k are read once and the outputs written once, in one launch for both.
-// A thread does one task: one "unit" of one row (a head of a position). A rotary unit is VEC
-// elements and their partners (rotate-half: the VEC elements j.. and j + R/2..; interleaved:
-// VEC adjacent elements holding VEC/2 pairs), VEC = 16 bytes of T; a pass-through unit copies
-// up to two chunks of the features past R when the output is a new tensor. The task's cos/sin
-// chunks are loaded again for every head: they are few (the tables are at most 1/10 of q and
-// k) and stay in L1/L2. Tasks follow each tensor's memory order of rows (q's rows, then k's),
-// so neighbouring threads read neighbouring bytes whatever the layout (bhsd, bshd, thd).
+// A thread does one task: one "unit" of G rows, G heads of one position (heads_per_task: 4
+// for 16-bit rotate-half, else 1). A rotary unit is VEC elements and their partners
+// (rotate-half: the VEC elements j.. and j + R/2..; interleaved: VEC adjacent elements holding
+// VEC/2 pairs), VEC = 16 bytes of T; a pass-through unit copies up to two chunks of the
+// features past R when the output is a new tensor. The task's cos/sin chunks are loaded once
+// for its G heads and again for the next task (the tables are at most 1/10 of q and k and stay
+// in L1/L2, but that L2 traffic is what G cuts). Tasks follow each tensor's memory order of
+// rows (q's rows, then k's; a row dimension of heads counts head groups), so neighbouring
+// threads read neighbouring bytes whatever the layout (bhsd, bshd, thd).
 //
 // This replaced a mapping where a thread owned a unit of one position and walked every head,
 // loading cos/sin once. In a standalone comparison of the two (H200, LLaMA-3-8B shape, bf16,
@@ -21,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "fusedops/cuda_utils.cuh"
 #include "fusedops/rope.h"
@@ -37,11 +40,24 @@ constexpr int kThreads = 256;
 // 3.62 for an unbounded build that used 64 registers; eight (32 registers) spill; two or four
 // tasks a thread were slower (3.41, 3.47). Fewer where the conversions need more registers
 // (no spills anywhere).
-template <typename T, typename C>
+template <typename T, typename C, int G>
 constexpr int min_blocks() {
+  if constexpr (G > 1) return 3;  // four heads' chunks held at once: 75-78 registers, no spills
   if constexpr (sizeof(C) > sizeof(T)) return 4;  // 16-bit q and k, float32 tables
   if constexpr (std::is_same_v<T, __half>) return 5;
   return 6;
+}
+
+// Heads a task rotates with one load of its cos/sin chunks: four for 16-byte rotate-half units
+// of 16-bit q and k with tables of their type. The tables are read through L2 once per task,
+// and with one head a task that traffic kept L2 busy (ncu, bshd forward: L2 91%, DRAM 83%, L1
+// hit rate 16%). On the H200 (LLaMA-3-8B shape, bf16, forward, scratch build with a switch)
+// four heads took partial rotary from 3.50 to 3.83 TB/s and thd from 3.66 to 3.78, with bhsd
+// and bshd unchanged (3.75 / 3.87 against 3.75 / 3.85), two heads in between; interleaved
+// units lost (3.45 -> 3.13), so they keep one head, as do the other types (not measured).
+template <typename T, typename C, bool kInterleaved, bool kVector>
+constexpr int heads_per_task() {
+  return kVector && !kInterleaved && sizeof(T) == 2 && std::is_same_v<T, C> ? 4 : 1;
 }
 
 // n / d for 0 <= n < 2^31 by a multiply-high, an add and a shift (d's magic number is made on
@@ -66,8 +82,11 @@ __device__ __forceinline__ uint32_t div(const FastDiv& f, uint32_t n) { return (
 // step of it adds to the input and output offsets, to the cos and sin rows, to the position_ids
 // offset and to the flat (batch, seq) position index.
 struct RowWalk {
-  FastDiv size[3];
+  FastDiv size[3];  // the head dimension's size counts groups of G heads
   int64_t x[3], y[3], cos[3], sin[3], pos[3], flat[3];
+  int head_dim;               // which of the three is the head dimension
+  int64_t head_x, head_y;     // one head's step in the input and output
+  uint32_t heads;
 };
 
 template <typename T, typename C>
@@ -144,11 +163,13 @@ __device__ __forceinline__ void rotate(const HX& xa, const HX& xb, const HC& ca,
   }
 }
 
-// One task per thread. A rotary unit u covers the chunks ja = u * VEC and jb: ja + R/2 for
+// One task per thread: unit u of G heads of one position (the heads in a row, H of them in the
+// last group at most). A rotary unit u covers the chunks ja = u * VEC and jb: ja + R/2 for
 // rotate-half; for interleaved the next chunk, ja + VEC (absent past R when R / VEC is odd).
 // VEC: elements per access (16 bytes of T when kVector, else 1, or 2 for interleaved pairs).
-template <typename T, typename C, int VEC, bool kInterleaved, bool kVector>
-__global__ void __launch_bounds__(kThreads, min_blocks<T, C>()) rope_kernel(const Args<T, C> a) {
+template <typename T, typename C, int VEC, bool kInterleaved, bool kVector,
+          int G = heads_per_task<T, C, kInterleaved, kVector>()>
+__global__ void __launch_bounds__(kThreads, min_blocks<T, C, G>()) rope_kernel(const Args<T, C> a) {
   using A = acc_t<T>;
   const uint32_t task = blockIdx.x * kThreads + threadIdx.x;
   if (task >= a.tasks) return;
@@ -158,22 +179,39 @@ __global__ void __launch_bounds__(kThreads, min_blocks<T, C>()) rope_kernel(cons
   const int u = int(t - row * a.units.d);
   const RowWalk& w = a.walk[which];
   int64_t x_off = 0, y_off = 0, c_off = 0, n_off = 0, p_off = 0, flat = 0;
+  uint32_t head0 = 0;
 #pragma unroll
   for (int d = 2; d >= 0; --d) {
     const uint32_t next = d == 0 ? 0 : div(w.size[d], row);
-    const int64_t i = row - next * w.size[d].d;
+    const uint32_t i = row - next * w.size[d].d;
     row = next;
-    x_off += i * w.x[d];
-    y_off += i * w.y[d];
-    c_off += i * w.cos[d];
-    n_off += i * w.sin[d];
+    if (d == w.head_dim) head0 = i * G;
+    x_off += int64_t(i) * w.x[d];
+    y_off += int64_t(i) * w.y[d];
+    c_off += int64_t(i) * w.cos[d];
+    n_off += int64_t(i) * w.sin[d];
     if (a.pos != nullptr) {
-      p_off += i * w.pos[d];
-      flat += i * w.flat[d];
+      p_off += int64_t(i) * w.pos[d];
+      flat += int64_t(i) * w.flat[d];
     }
   }
+  const int heads = G == 1 ? 1 : int(min(uint32_t(G), w.heads - head0));
   const T* x = (which == 0 ? a.q : a.k) + x_off;
   T* y = (which == 0 ? a.qo : a.ko) + y_off;
+
+  const int64_t ja = int64_t(u) * (kInterleaved ? 2 * VEC : VEC);
+  const int64_t jb = kInterleaved ? ja + VEC : ja + a.R / 2;
+  const bool rotary = u < a.rot_units;
+  const bool has_b = rotary && (!kInterleaved || jb < a.R);
+  // Every head's q/k chunks are requested before the position lookup that the table rows wait on.
+  Held<T, VEC> xa[G], xb[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (rotary && g < heads) {
+      xa[g] = load_raw<kVector, VEC>(x + g * w.head_x + ja);
+      if (has_b) xb[g] = load_raw<kVector, VEC>(x + g * w.head_x + jb);
+    }
+  }
 
   bool valid = true;
   if (a.pos != nullptr) {
@@ -189,31 +227,35 @@ __global__ void __launch_bounds__(kThreads, min_blocks<T, C>()) rope_kernel(cons
     *a.bad = ~0ull;
   }
 
-  if (u >= a.rot_units) {  // features past R, unchanged (a new output: no overlap with x)
+  if (!rotary) {  // features past R, unchanged (a new output: no overlap with x)
     constexpr int kRest = kVector ? VEC : 1;
     const int c = u - a.rot_units;
     const int64_t j0 = a.R + int64_t(c) * kRest, j1 = a.R + int64_t(c + a.rest_half) * kRest;
     const bool second = c + a.rest_half < a.rest_chunks;
-    const Vec<T, kRest> v0 = *reinterpret_cast<const Vec<T, kRest>*>(x + j0);
-    Vec<T, kRest> v1;
-    if (second) v1 = *reinterpret_cast<const Vec<T, kRest>*>(x + j1);
-    *reinterpret_cast<Vec<T, kRest>*>(y + j0) = v0;
-    if (second) *reinterpret_cast<Vec<T, kRest>*>(y + j1) = v1;
+    Vec<T, kRest> v0[G], v1[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (g < heads) {
+        v0[g] = *reinterpret_cast<const Vec<T, kRest>*>(x + g * w.head_x + j0);
+        if (second) v1[g] = *reinterpret_cast<const Vec<T, kRest>*>(x + g * w.head_x + j1);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (g < heads) {
+        *reinterpret_cast<Vec<T, kRest>*>(y + g * w.head_y + j0) = v0[g];
+        if (second) *reinterpret_cast<Vec<T, kRest>*>(y + g * w.head_y + j1) = v1[g];
+      }
+    }
     return;
   }
 
   const C* crow = a.cos + c_off;
   const C* srow = a.sin + n_off;
-  const int64_t ja = int64_t(u) * (kInterleaved ? 2 * VEC : VEC);
-  const int64_t jb = kInterleaved ? ja + VEC : ja + a.R / 2;
-  const bool has_b = !kInterleaved || jb < a.R;
-  const Held<T, VEC> xa = load_raw<kVector, VEC>(x + ja);
   Held<C, VEC> ca = load_raw<kVector, VEC>(crow + ja);
   const Held<C, VEC> na = load_raw<kVector, VEC>(srow + ja);
-  Held<T, VEC> xb{};
   Held<C, VEC> cb{}, nb{};
   if (has_b) {
-    xb = load_raw<kVector, VEC>(x + jb);
     cb = load_raw<kVector, VEC>(crow + jb);
     nb = load_raw<kVector, VEC>(srow + jb);
   }
@@ -223,13 +265,18 @@ __global__ void __launch_bounds__(kThreads, min_blocks<T, C>()) rope_kernel(cons
     for (int e = 0; e < VEC; ++e) nan[e] = quiet_nan<acc_t<C>>();
     ca = cb = round_held<C, VEC>(nan);
   }
-  A ya[VEC], yb[VEC];
-  if (a.backward)
-    rotate<true, kInterleaved>(xa, xb, ca, cb, na, nb, ya, yb);
-  else
-    rotate<false, kInterleaved>(xa, xb, ca, cb, na, nb, ya, yb);
-  store_acc_vals<kVector, VEC>(y + ja, ya);
-  if (has_b) store_acc_vals<kVector, VEC>(y + jb, yb);
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (g < heads) {
+      A ya[VEC], yb[VEC];
+      if (a.backward)
+        rotate<true, kInterleaved>(xa[g], xb[g], ca, cb, na, nb, ya, yb);
+      else
+        rotate<false, kInterleaved>(xa[g], xb[g], ca, cb, na, nb, ya, yb);
+      store_acc_vals<kVector, VEC>(y + g * w.head_y + ja, ya);
+      if (has_b) store_acc_vals<kVector, VEC>(y + g * w.head_y + jb, yb);
+    }
+  }
 }
 
 inline bool aligned_strides(const Strides& st, int64_t vec) {
@@ -237,7 +284,7 @@ inline bool aligned_strides(const Strides& st, int64_t vec) {
 }
 
 // The walk over a tensor's rows (B, H, S) with input strides `xs` and output strides `ys`.
-inline RowWalk row_walk(const Problem& p, int64_t H, const Strides& xs, const Strides& ys) {
+inline RowWalk row_walk(const Problem& p, int64_t H, const Strides& xs, const Strides& ys, int G) {
   // Per logical dimension (b, h, s): size, input, output, cos, sin, position and flat steps.
   // With position_ids the cos/sin rows come from the positions instead (steps zero).
   struct Dim {
@@ -246,7 +293,7 @@ inline RowWalk row_walk(const Problem& p, int64_t H, const Strides& xs, const St
   const bool by_position = p.position_ids.has_value();
   Dim dims[3] = {
       {p.B, xs.b, ys.b, by_position ? 0 : p.cos_b, by_position ? 0 : p.sin_b, p.pos_b, p.S},
-      {H, xs.h, ys.h, 0, 0, 0, 0},
+      {(H + G - 1) / G, xs.h * G, ys.h * G, 0, 0, 0, 0},
       {p.S, xs.s, ys.s, by_position ? 0 : p.cos_s, by_position ? 0 : p.sin_s, p.pos_s, 1},
   };
   // Largest input stride first (ties: the logical order), so the last dimension moves fastest.
@@ -256,6 +303,9 @@ inline RowWalk row_walk(const Problem& p, int64_t H, const Strides& xs, const St
     return sl > sr;
   });
   RowWalk w{};
+  w.head_x = xs.h;
+  w.head_y = ys.h;
+  w.heads = uint32_t(H);
   for (int d = 0; d < 3; ++d) {
     const Dim& m = dims[order[d]];
     w.size[d] = fast_div(std::max<int64_t>(m.size, 1));
@@ -265,6 +315,7 @@ inline RowWalk row_walk(const Problem& p, int64_t H, const Strides& xs, const St
     w.sin[d] = m.sin;
     w.pos[d] = m.pos;
     w.flat[d] = m.flat;
+    if (order[d] == 1) w.head_dim = d;
   }
   return w;
 }
@@ -317,15 +368,6 @@ void run_typed(const Problem& p, const Outputs& o, const char* op) {
     return;
   }
   a.units = fast_div(units);
-  a.walk[0] = row_walk(p, p.Hq, p.qs, o.qo);
-  a.walk[1] = row_walk(p, p.Hk, p.ks, o.ko);
-  const int64_t q_tasks = p.B * p.S * p.Hq * units, tasks = q_tasks + p.B * p.S * p.Hk * units;
-  // (32-bit task indices: a task covers at least two elements, so 2^31 tasks are 2^32 elements)
-  FUSEDOPS_CHECK(tasks < (int64_t(1) << 31), op, ": too many rows (", p.B * p.S * (p.Hq + p.Hk), ")");
-  a.q_tasks = uint32_t(q_tasks);
-  a.tasks = uint32_t(tasks);
-  const int64_t blocks = (tasks + kThreads - 1) / kThreads;
-
   const cudaStream_t stream = current_stream(p.device_index);
   if (o.bad_position) {
     a.bad = reinterpret_cast<unsigned long long*>(o.bad_position->mutable_data_ptr<int64_t>());
@@ -333,17 +375,35 @@ void run_typed(const Problem& p, const Outputs& o, const char* op) {
       FUSEDOPS_CHECK(cudaMemsetAsync(a.bad, 0xff, sizeof(*a.bad), stream) == cudaSuccess, op,
                      ": could not preset bad_position");
   }
-  auto launch = [&](auto kernel) { kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a); };
+  // A task covers G heads of one position (heads_per_task): the walks step over head groups.
+  auto launch = [&](auto kernel, int G) {
+    a.walk[0] = row_walk(p, p.Hq, p.qs, o.qo, G);
+    a.walk[1] = row_walk(p, p.Hk, p.ks, o.ko, G);
+    const int64_t q_tasks = p.B * p.S * ((p.Hq + G - 1) / G) * units,
+                  tasks = q_tasks + p.B * p.S * ((p.Hk + G - 1) / G) * units;
+    // (32-bit task indices: a task covers at least two elements, so 2^31 tasks are 2^32 elements)
+    FUSEDOPS_CHECK(tasks < (int64_t(1) << 31), op, ": too many rows (", p.B * p.S * (p.Hq + p.Hk), ")");
+    a.q_tasks = uint32_t(q_tasks);
+    a.tasks = uint32_t(tasks);
+    kernel<<<unsigned((tasks + kThreads - 1) / kThreads), kThreads, 0, stream>>>(a);
+  };
+  auto pick = [&](auto vec, auto interleaved, auto vector) {
+    constexpr int V = decltype(vec)::value;
+    constexpr bool I = decltype(interleaved)::value, W = decltype(vector)::value;
+    launch(rope_kernel<DT, DC, V, I, W>, heads_per_task<DT, DC, I, W>());
+  };
+  using std::bool_constant;
+  using std::integral_constant;
   if (vector) {
     if (p.interleaved)
-      launch(rope_kernel<DT, DC, kVec, true, true>);
+      pick(integral_constant<int, kVec>{}, bool_constant<true>{}, bool_constant<true>{});
     else
-      launch(rope_kernel<DT, DC, kVec, false, true>);
+      pick(integral_constant<int, kVec>{}, bool_constant<false>{}, bool_constant<true>{});
   } else {
     if (p.interleaved)
-      launch(rope_kernel<DT, DC, 2, true, false>);
+      pick(integral_constant<int, 2>{}, bool_constant<true>{}, bool_constant<false>{});
     else
-      launch(rope_kernel<DT, DC, 1, false, false>);
+      pick(integral_constant<int, 1>{}, bool_constant<false>{}, bool_constant<false>{});
   }
   check_launch(op);
 }
