@@ -1,9 +1,12 @@
-"""Where rms_norm's per-call time goes on a tiny input, layer by layer (host overhead, not
-bandwidth): torch's own F.rms_norm, the public function, the registered op through the
-dispatcher's Autograd kernel, the direct autograd path, the op alone below autograd, and
-reference points (an allocation, an elementwise op). Steady-state loops, min and median of five.
+"""Where an op's per-call time goes on a tiny input, layer by layer (host overhead, not
+bandwidth). rms_norm: torch's own F.rms_norm, the public function, the registered op through
+the dispatcher's Autograd kernel, the direct autograd path, the op alone below autograd, and
+reference points (an allocation, an elementwise op). rope (a decode step): the public function,
+the direct autograd path, the Python argument check, the op alone, and Hugging Face's formula
+in eager torch ops. Steady-state loops, min and median of five.
 
     python benchmarks/overhead.py [--device cuda] [--shape 16x4096]
+    python benchmarks/overhead.py --op rope [--shape 1x32x8x1x128]   (B x Hq x Hk x S x D)
 """
 
 import argparse
@@ -15,6 +18,7 @@ import torch.nn.functional as F
 import fusedops
 from fusedops.ops import _direct
 from fusedops.ops import rms_norm as op
+from fusedops.ops import rope as rope_op
 
 
 def per_call_us(fn, device, n):
@@ -36,18 +40,20 @@ def per_call_us(fn, device, n):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--shape", default="16x4096")
+    parser.add_argument("--op", choices=("rms_norm", "rope"), default="rms_norm")
+    parser.add_argument("--shape", default=None, help="rms_norm: ROWSxN (16x4096); rope: BxHqxHkxSxD (1x32x8x1x128)")
     parser.add_argument("--calls", type=int, default=20000)
     args = parser.parse_args()
+    if args.op == "rope":
+        return rope(args)
+    args.shape = args.shape or "16x4096"
     shape = tuple(int(s) for s in args.shape.split("x"))
     x = torch.randn(shape, device=args.device, dtype=torch.bfloat16)
     w = torch.randn(shape[-1], device=args.device, dtype=torch.bfloat16)
     eps, n = 1e-6, shape[-1:]
     print(f"rms_norm {args.shape} bf16 on {args.device}, torch {torch.__version__}: us per call (min, median)")
 
-    def show(name, fn):
-        lo, med = per_call_us(fn, args.device, args.calls)
-        print(f"  {name:52s} {lo:7.2f} {med:7.2f}")
+    show = _show(args)
 
     for requires_grad in (False, True):
         x.requires_grad_(requires_grad)
@@ -66,6 +72,48 @@ def main():
         show("the op alone", lambda: op.forward(x, w, eps))
         show("torch.empty_like(x), torch.empty(rows)", lambda: (torch.empty_like(x), torch.empty(shape[0], device=args.device)))
         show("x.mul(w)", lambda: x.mul(w))
+
+
+def _show(args):
+    def show(name, fn):
+        lo, med = per_call_us(fn, args.device, args.calls)
+        print(f"  {name:52s} {lo:7.2f} {med:7.2f}")
+
+    return show
+
+
+def rope(args):
+    args.shape = args.shape or "1x32x8x1x128"
+    B, Hq, Hk, S, D = (int(s) for s in args.shape.split("x"))
+    q = torch.randn(B, Hq, S, D, device=args.device, dtype=torch.bfloat16)
+    k = torch.randn(B, Hk, S, D, device=args.device, dtype=torch.bfloat16)
+    cos = torch.randn(B, S, D, device=args.device, dtype=torch.bfloat16)
+    sin = torch.randn(B, S, D, device=args.device, dtype=torch.bfloat16)
+    print(f"rope {args.shape} (B x Hq x Hk x S x D) bf16 on {args.device}, torch {torch.__version__}: "
+          "us per call (min, median)")
+    show = _show(args)
+
+    def hugging_face(q, k):  # apply_rotary_pos_emb in eager torch ops
+        c, s_ = cos.unsqueeze(1), sin.unsqueeze(1)
+
+        def rotate_half(x):
+            return torch.cat((-x[..., D // 2:], x[..., : D // 2]), dim=-1)
+
+        return q * c + rotate_half(q) * s_, k * c + rotate_half(k) * s_
+
+    for requires_grad in (False, True):
+        q.requires_grad_(requires_grad)
+        k.requires_grad_(requires_grad)
+        print(f"inputs requiring grad: {requires_grad}")
+        show("fusedops.rope", lambda: fusedops.rope(q, k, cos, sin))
+        show("ops.rope.direct (no argument checks)", lambda: rope_op.direct(q, k, cos, sin))
+        show("Hugging Face's formula (eager)", lambda: hugging_face(q, k))
+    q.requires_grad_(False)
+    k.requires_grad_(False)
+    print("below autograd")
+    show("argument checks in Python (torch < 2.13)", lambda: rope_op.check_forward(q, k, cos, sin))
+    with _direct.BelowAutograd():
+        show("the op alone", lambda: rope_op.forward(q, k, cos, sin))
 
 
 if __name__ == "__main__":
