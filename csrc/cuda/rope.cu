@@ -35,11 +35,12 @@ using namespace fusedops::cuda;
 
 constexpr int kThreads = 256;
 // Resident blocks an SM: a task's loads are all its work, so latency is hidden by threads in
-// flight. Six (at most 40 registers a thread) for bf16 with bf16 tables: in a comparison of
-// variants (H200, LLaMA-3-8B shape, forward) 3.90 TB/s bhsd and 3.93 bshd, against 3.64 and
-// 3.62 for an unbounded build that used 64 registers; eight (32 registers) spill; two or four
-// tasks a thread were slower (3.41, 3.47). Fewer where the conversions need more registers
-// (no spills anywhere).
+// flight. Six (at most 40 registers a thread) for one head a task of bf16 with bf16 tables: in
+// a comparison of one-head variants (H200, LLaMA-3-8B shape, forward) 3.90 TB/s bhsd and 3.93
+// bshd, against 3.64 and 3.62 for an unbounded build that used 64 registers; eight (32
+// registers) spill; two or four tasks a thread, each loading its own cos/sin, were slower
+// (3.41, 3.47). Fewer where the conversions need more registers, and three for four heads a
+// task (heads_per_task), which hold four heads' chunks (no spills anywhere).
 template <typename T, typename C, int G>
 constexpr int min_blocks() {
   if constexpr (G > 1) return 3;  // four heads' chunks held at once: 75-78 registers, no spills
