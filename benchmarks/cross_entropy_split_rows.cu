@@ -18,7 +18,7 @@
 #include <algorithm>
 #include <cmath>
 
-#define CK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(err_), __LINE__); exit(1);} } while (0)
+#include "standalone.cuh"
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float ex2(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
@@ -136,18 +136,7 @@ __global__ void fill(__nv_bfloat16* p, int64_t n, uint32_t seed) {
 }
 
 template <typename F>
-float time_it(F f) {
-  cudaEvent_t s, e; CK(cudaEventCreate(&s)); CK(cudaEventCreate(&e));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> ts;
-  for (int r = 0; r < 9; ++r) {
-    CK(cudaEventRecord(s)); for (int i = 0; i < 5; ++i) f(); CK(cudaEventRecord(e)); CK(cudaEventSynchronize(e));
-    float ms; CK(cudaEventElapsedTime(&ms, s, e)); ts.push_back(ms / 5);
-  }
-  CK(cudaGetLastError());
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
-}
+float time_it(F f) { return median_ms(f, 3, 9, 5); }
 
 int main() {
   struct S { int64_t rows; int V; };

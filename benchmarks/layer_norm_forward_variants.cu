@@ -16,6 +16,7 @@
 // read of x and one write of y; maxdiff is against the library kernel's output. The H200
 // figures of 2026-11-30 are in docs/ops/layer_norm.md (Measured performance).
 #include "fusedops/cuda_norm.cuh"
+#include "standalone.cuh"
 #include <cstdio>
 #include <vector>
 #include <algorithm>
@@ -155,23 +156,11 @@ __global__ void __launch_bounds__(kBlock, MINB) ln_pipe(ForwardArgs<CL> a, int64
   }
 }
 
-#define CK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(err_), __LINE__); exit(1);} } while (0)
 
 struct Bufs { T *x, *y, *w, *b; float *mean, *rstd; };
 
 template <typename F>
-float time_it(F f) {
-  cudaEvent_t s, e; CK(cudaEventCreate(&s)); CK(cudaEventCreate(&e));
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<float> ts;
-  for (int r = 0; r < 15; ++r) {
-    CK(cudaEventRecord(s)); for (int i = 0; i < 10; ++i) f(); CK(cudaEventRecord(e)); CK(cudaEventSynchronize(e));
-    float ms; CK(cudaEventElapsedTime(&ms, s, e)); ts.push_back(ms / 10);
-  }
-  CK(cudaGetLastError());
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
-}
+float time_it(F f) { return median_ms(f, 5, 15, 10); }
 
 __global__ void fill(T* p, int64_t n, uint32_t seed, float scale, float shift) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {

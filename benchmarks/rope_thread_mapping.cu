@@ -17,7 +17,7 @@
 #include <vector>
 #include <cstdlib>
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
+#include "standalone.cuh"
 
 struct St { int64_t b, h, s; };
 struct P {
