@@ -13,8 +13,10 @@
 // (stats1: each thread's exact moments merged pairwise with equal counts, which needs no
 // division). "pipe": a persistent grid (occ blocks an SM, x2: twice that) whose blocks load
 // the next row group before reducing the current one, parameters loaded once. TB/s counts one
-// read of x and one write of y; maxdiff is against the library kernel's output. The H200
-// figures of 2026-11-30 are in docs/ops/layer_norm.md (Measured performance).
+// read of x and one write of y; maxdiff is against the library kernel's output. With
+// -DMAIN_ONLY only the library's kernels are timed (quick to build: how an edit of
+// forward_kernel was measured against the one before it, one binary each). The H200 figures of
+// 2026-11-30 are in docs/ops/layer_norm.md (Measured performance).
 #include "fusedops/cuda_norm.cuh"
 #include "standalone.cuh"
 #include <cstdio>
@@ -209,6 +211,7 @@ int main() {
       report(nm, msr, false);
     };
     auto variants = [&](auto tpr_c, auto vpt_c) {
+#ifndef MAIN_ONLY
       constexpr int TPR = decltype(tpr_c)::value, VPT = decltype(vpt_c)::value;
       constexpr int kRows = kBlock / TPR;
       const int64_t groups = sh.rows / kRows;
@@ -234,6 +237,7 @@ int main() {
       pipe(ln_pipe<TPR, VPT, 5, 0>, 5, 0);
       pipe(ln_pipe<TPR, VPT, 1, 1>, 1, 1);
       pipe(ln_pipe<TPR, VPT, 4, 1>, 4, 1);
+#endif
     };
     if (sh.n == 4096) {
       run_main(CachedTag<256, 2>{});

@@ -111,9 +111,11 @@ def test_more_than_2_31_elements(info):
             torch.testing.assert_close(o[part].double(), e.double(), atol=1e-2, rtol=1e-2)
 
 
-# Row widths past the register-caching kernels (16384 bf16, 8192 fp32 values): one block per
-# row, a cluster of 2, one of 8 with a vector to spare, a full cluster of 8 (bf16; fp32 rows
-# this wide are swept), and a width that is no multiple of any vector (swept).
+# Row widths past the block-caching kernels (16384 bf16, 8192 fp32 values). Forward on sm_90:
+# 16392 and 40960 stage their rows in shared memory (clusters of 2 and 3 blocks; fp32: 3 and
+# 5), 131080 is cached in the registers of a cluster of 8 with a vector to spare, 262144 of a
+# full one (bf16; fp32 rows this wide are swept), and 262143, no multiple of any vector, is
+# swept. The backward takes its cluster kernel for the aligned widths.
 WIDE_ROWS = [16392, 40960, 131080, 262144, 262143]
 NORMS = [pytest.param(OP_TESTS_BY_NAME[name], id=name) for name in ("rms_norm", "add_rms_norm", "layer_norm")]
 
@@ -124,6 +126,20 @@ NORMS = [pytest.param(OP_TESTS_BY_NAME[name], id=name) for name in ("rms_norm", 
 def test_wide_rows(info, n, dtype):
     """Values and gradients of rows up to 262144 wide against the fp64 reference."""
     check_against_reference(info, info.sample_for_shape("cuda", dtype, (3, n), requires_grad=True), dtype)
+
+
+# Rows wider than a block caches, up to 131072 bf16 values, go forward through the staged
+# cluster kernel on sm_90, whose clusters are persistent: more rows than resident clusters, so
+# that each cluster walks several rows and refills both of its shared-memory stages (3 and 8
+# blocks a cluster).
+STAGED_SHAPES = [(600, 40960), (300, 131072)]
+
+
+@pytest.mark.parametrize("shape", STAGED_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("info", [NORMS[0], NORMS[2]])
+def test_wide_rows_many_per_cluster(info, shape):
+    """Forward values of many wide rows against the fp64 reference."""
+    check_against_reference(info, info.sample_for_shape("cuda", torch.bfloat16, shape, requires_grad=False), torch.bfloat16)
 
 
 # More rows than one wave of blocks holds, so that the backward's persistent blocks walk several

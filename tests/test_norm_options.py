@@ -25,12 +25,17 @@ def _gemma_rms_norm(x, w, eps):
     return (h * (1.0 + w.float())).type_as(x)
 
 
+# Widths that a block caches, and one past it (on sm_90: the staged cluster forward).
+WIDTHS = [1024, 40960]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_cast_before_weight_rounds_like_llama(device):
+@pytest.mark.parametrize("n", WIDTHS)
+def test_cast_before_weight_rounds_like_llama(device, n):
     """With a weight in the input's dtype, cast_before_weight=True gives LLaMA's result (both
     roundings); the default float32 mode rounds once and so differs from it on many elements."""
-    x = torch.randn(64, 1024, dtype=torch.bfloat16, device=device)
-    w = torch.randn(1024, dtype=torch.bfloat16, device=device)
+    x = torch.randn(64, n, dtype=torch.bfloat16, device=device)
+    w = torch.randn(n, dtype=torch.bfloat16, device=device)
     llama = _llama_rms_norm(x, w, 1e-6)
     cast = fusedops.rms_norm(x, w, 1e-6, cast_before_weight=True)
     fp32 = fusedops.rms_norm(x, w, 1e-6)
@@ -44,11 +49,12 @@ def test_cast_before_weight_rounds_like_llama(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_offset_is_gemma(device):
-    x = torch.randn(16, 768, dtype=torch.bfloat16, device=device)
-    w = 0.1 * torch.randn(768, dtype=torch.float32, device=device)
+@pytest.mark.parametrize("n", WIDTHS)
+def test_offset_is_gemma(device, n):
+    x = torch.randn(16, n, dtype=torch.bfloat16, device=device)
+    w = 0.1 * torch.randn(n, dtype=torch.float32, device=device)
     torch.testing.assert_close(fusedops.rms_norm(x, w, 1e-6, offset=1.0), _gemma_rms_norm(x, w, 1e-6), atol=0, rtol=2**-7)
-    norm = fusedops.nn.RMSNorm(768, eps=1e-6, offset=1.0, device=device)
+    norm = fusedops.nn.RMSNorm(n, eps=1e-6, offset=1.0, device=device)
     assert torch.equal(norm.weight, torch.zeros_like(norm.weight)), "Gemma's weights start at 0 (scale 1)"
     assert "offset=1.0" in repr(norm)
 

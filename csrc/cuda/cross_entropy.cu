@@ -766,7 +766,7 @@ bool launch_rows(const Args<acc_t<T>>& a, int64_t R, int cluster, cudaStream_t s
     return true;
   }
   if (!cluster_fits<kernel>(cluster)) return false;
-  fusedops::norm::cuda::launch_cluster(kernel, unsigned(R * cluster), cluster, stream, op, a);
+  fusedops::norm::cuda::launch_cluster(kernel, unsigned(R * cluster), cluster, 0, stream, op, a);
   return true;
 }
 

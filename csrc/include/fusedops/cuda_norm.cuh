@@ -18,11 +18,14 @@
 // values (packed, for 16-bit R) as its cached row: one read of x and of the residual, one write
 // of y and of residual_out. In place, residual_out is the residual: each thread reads its
 // elements before it writes them.
-// Forward rows wider than 8 vectors x 256 threads (16384 bf16) are cached the same way by a
-// thread-block cluster of up to 8 blocks of 512 threads (sm_90; up to 262144 bf16 values),
-// which add their partial sums through distributed shared memory. Wider rows, the backward of
-// rows wider than a block caches, and inputs that are not 16-byte aligned take a sweeping
-// kernel of the same math that reads the row again for each statistic (from L2 while the rows
+// Forward rows wider than 8 vectors x 256 threads (16384 bf16) are spread over a thread-block
+// cluster (sm_90) of up to 8 blocks of 512 threads, which add their partial sums through
+// distributed shared memory. Up to 8 x 32 KB a row (131072 bf16 values), rms_norm and
+// layer_norm stage the row in shared memory: a persistent grid of clusters, each block owning
+// a 32 KB chunk of every row, which the copy engine loads into one of two stages while the
+// block reduces and writes the other. Wider rows (up to 262144 bf16 values), and add_rms_norm's,
+// are cached in the registers of the cluster's threads. Wider rows still, the backward of rows
+// wider than a block caches, and inputs that are not 16-byte aligned take a sweeping kernel of the same math that reads the row again for each statistic (from L2 while the rows
 // in flight fit there); add_rms_norm's sweep writes residual_out on the first pass and reads
 // it back after (each thread only the elements it wrote).
 //
@@ -214,8 +217,15 @@ __device__ __forceinline__ A vec_sum(const V& v, A mu, bool squared) {
 }
 
 // TPR threads per row, VPT vectors of VEC elements per thread, kBlock / TPR rows per block.
+// Blocks an SM forward_kernel asks for: six (40 registers a thread) for layer_norm's 16-bit rows
+// of up to two vectors a thread with parameters of the input's type, which left alone take 47
+// registers and five blocks; else what the registers give.
+template <typename C, int VPT>
+constexpr int kForwardMinBlocks =
+    C::centered && VPT <= 2 && sizeof(typename C::T) == 2 && sizeof(typename C::W) == 2 ? 6 : 1;
+
 template <typename C, int VEC, int TPR, int VPT>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kBlock, kForwardMinBlocks<C, VPT>)
     forward_kernel(ForwardArgs<C> a, RowLayout rows, ResidualRows<C::add> res_rows, int64_t num_rows, int n,
                    typename C::A eps) {
   using T = typename C::T;
@@ -265,29 +275,62 @@ __global__ void __launch_bounds__(kBlock)
     const int col = (i * TPR + lane) * VEC;
     if (active && col < n) params[i] = Params<C, VEC>::load(a, col);
   }
-  A mu = 0;
+  const auto in_row = [&](int i) { return active && (i * TPR + lane) * VEC < n; };
   if constexpr (C::centered) {
+    // layer_norm's forward is bound by instruction issue, not by memory (ncu on the H200), so
+    // it spends few: 1 / n is taken once, while the loads are in flight, in place of a
+    // division per statistic; 16-bit rows normalise as x * rs + (-mu * rs), one FMA, whose
+    // rounding of mu * rs (|mu| / sigma units of 2^-24) stays far below the output's 2^-9; and
+    // the weight and bias apply in one FMA. 14% fewer instructions than (x - mu) * rs * w + b
+    // in two passes of divisions (3.49 -> 3.69 TB/s at 32768x4096 bf16,
+    // benchmarks/layer_norm_forward_variants.cu). Converting x to float once instead needs 56
+    // registers a thread, four blocks an SM, and was slower (3.31).
+    const A inv_n = A(1) / A(n);
     A s = 0;
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
-      if (active && (i * TPR + lane) * VEC < n) s += vec_sum<A, VEC>(xv[i], A(0), false);
-    mu = group_sum<TPR>(s, scratch[1]) / A(n);
-  }
-  A ss = 0;
+      if (in_row(i)) s += vec_sum<A, VEC>(xv[i], A(0), false);
+    const A mu = group_sum<TPR>(s, scratch[1]) * inv_n;
+    A ss = 0;
 #pragma unroll
-  for (int i = 0; i < VPT; ++i)
-    if (active && (i * TPR + lane) * VEC < n) ss += vec_sum<A, VEC>(xv[i], mu, true);
-  const A rs = rsqrt_acc(group_sum<TPR>(ss, scratch[0]) / A(n) + eps);
-  if (!active) return;  // only after the block's barriers
-  if (lane == 0) {
-    a.rstd[row] = rs;
-    if constexpr (C::centered) a.mean[row] = mu;
-  }
-  T* yr = a.y + row * n;
+    for (int i = 0; i < VPT; ++i)
+      if (in_row(i)) ss += vec_sum<A, VEC>(xv[i], mu, true);
+    const A rs = rsqrt_acc(fma(group_sum<TPR>(ss, scratch[0]), inv_n, eps));
+    if (!active) return;  // only after the block's barriers
+    if (lane == 0) {
+      a.rstd[row] = rs;
+      a.mean[row] = mu;
+    }
+    const A shift = -mu * rs;
+    T* yr = a.y + row * n;
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int col = (i * TPR + lane) * VEC;
-    if (col < n) normalize_store<C, VEC>(a, yr, xv[i], col, mu, rs, params[i]);
+    for (int i = 0; i < VPT; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col >= n) continue;
+      A y[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const A x = acc_at(xv[i], k);
+        y[k] = sizeof(T) < sizeof(A) ? fma(x, rs, shift) : (x - mu) * rs;
+        const A b = a.b != nullptr ? A(acc_at(params[i].b, k)) : A(0);
+        y[k] = a.w != nullptr ? fma(y[k], A(acc_at(params[i].w, k)), b) : y[k] + b;
+      }
+      store_from_acc<T, VEC>(yr + col, y);
+    }
+  } else {
+    A ss = 0;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (in_row(i)) ss += vec_sum<A, VEC>(xv[i], A(0), true);
+    const A rs = rsqrt_acc(group_sum<TPR>(ss, scratch[0]) / A(n) + eps);
+    if (!active) return;  // only after the block's barriers
+    if (lane == 0) a.rstd[row] = rs;
+    T* yr = a.y + row * n;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < n) normalize_store<C, VEC>(a, yr, xv[i], col, A(0), rs, params[i]);
+    }
   }
 }
 
@@ -437,11 +480,12 @@ __device__ __forceinline__ void cluster_sum(A (&v)[K], A* warps, A* slot, A* tot
   cluster_arrive();
   cluster_wait();
   if (warp == 0) {
+    // Lane r reads block r's sum (all remote loads in flight at once; at most 16 blocks), then
+    // the warp adds them in a fixed butterfly: the same order, so the same total, in every block.
     const unsigned blocks = cluster_blocks();
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      A s = 0;
-      for (unsigned r = 0; r < blocks; ++r) s += load_cluster_shared(slot + k, r);  // rank order: identical everywhere
+      const A s = warp_sum(unsigned(lane) < blocks ? load_cluster_shared(slot + k, unsigned(lane)) : A(0));
       if (lane == 0) totals[k] = s;
     }
   }
@@ -532,6 +576,132 @@ __global__ void __launch_bounds__(kClusterThreads, kClusterForwardBlocks<C, VPT>
   for (int i = 0; i < VPT; ++i)
     if (column(i) < n) normalize_store<C, VEC>(a, yr, xv[i], column(i), mu, rs);
   cluster_wait();  // no block leaves while another may still read its slots
+}
+
+// Forward of rows wider than a block caches, through shared memory (sm_90; rms_norm and
+// layer_norm with their options, not add_rms_norm): a persistent grid of clusters (two blocks an
+// SM: 64 registers a thread, 64 KB of stages), each walking the rows r, r + clusters, ...; block
+// `rank` of a cluster owns the contiguous columns [rank * chunk, (rank + 1) * chunk) of every row. The Tensor Memory Accelerator copies that
+// chunk (cp.async.bulk) into one of two shared-memory stages, signalling an mbarrier, so the
+// next row's chunk is in flight while the block reduces and writes the current one. The row
+// sums are added across the cluster as in forward_cluster_kernel. Where the register-caching
+// cluster kernel has each block wait on its own loads before every reduction, here the copy
+// engine keeps a whole chunk in flight per SM without a register: x is read once and y written
+// once, and the statistics re-read x from shared memory.
+// Each block's chunk of a row: at most 32 KB, so that a block's two stages (64 KB) leave room for
+// two blocks an SM. Rows that need larger chunks (past 131072 bf16 values) keep the
+// register-caching cluster kernel: 64 KB chunks, one block an SM, measured slower there (H200,
+// 256x262144 bf16: rms_norm 2.54 TB/s against 2.79, layer_norm 2.06 against 2.41).
+constexpr int kStagedChunkBytes = 32 * 1024;
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar) {
+#ifdef FUSEDOPS_CLUSTERS
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)) : "memory");
+#endif
+}
+// The async proxy (the copy engine) sees this thread's earlier shared-memory accesses: the
+// barriers' initialisation, and the generic reads of a stage it is about to overwrite.
+__device__ __forceinline__ void fence_proxy_async() {
+#ifdef FUSEDOPS_CLUSTERS
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory into
+// shared memory; the copy completes a phase of `bar` together with the thread's arrival.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#ifdef FUSEDOPS_CLUSTERS
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+  if (bytes > 0)
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     shared_address(dst)),
+                 "l"(src), "r"(bytes), "r"(shared_address(bar))
+                 : "memory");
+#endif
+}
+// Waits for the phase of `bar` with this parity to complete.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+#ifdef FUSEDOPS_CLUSTERS
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(shared_address(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+#endif
+}
+
+template <typename C, int VEC>
+__global__ void __launch_bounds__(kClusterThreads, 2)
+    forward_staged_kernel(ForwardArgs<C> a, RowLayout rows, int64_t num_rows, int n, int chunk,
+                          typename C::A eps) {
+  static_assert(!C::add, "add_rms_norm stages two inputs: not here");
+  using T = typename C::T;
+  using A = typename C::A;
+  // Float32 parameters under 16-bit rows hold twice the registers a vector: one at a time.
+  constexpr int kNormalizeUnroll = sizeof(typename C::W) == sizeof(T) ? 2 : 1;
+  extern __shared__ __align__(128) unsigned char staged_shared[];
+  __shared__ uint64_t bars[2];
+  __shared__ A warps[2 * kClusterThreads / 32];
+  __shared__ A slots[2][2], totals[2];
+  const unsigned rank = cluster_rank(), blocks = cluster_blocks();
+  const int64_t clusters = gridDim.x / blocks;
+  const int col0 = int(rank) * chunk;
+  const int len = max(0, min(chunk, n - col0));  // this block's columns: a multiple of VEC
+  T* const stages = reinterpret_cast<T*>(staged_shared);  // stage s at stages + s * chunk
+  const uint32_t bytes = uint32_t(len) * sizeof(T);
+  const auto issue = [&](int64_t row, int s) {
+    bulk_load(stages + s * chunk, a.x + rows.offset(row) + col0, bytes, &bars[s]);
+  };
+  int64_t row = blockIdx.x / blocks;
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bars[0]);
+    mbarrier_init(&bars[1]);
+    fence_proxy_async();
+    if (row < num_rows) issue(row, 0);
+  }
+  __syncthreads();
+  const A inv_n = A(1) / A(n);
+  for (int it = 0; row < num_rows; row += clusters, ++it) {
+    const int s = it & 1;
+    if (threadIdx.x == 0 && row + clusters < num_rows) {
+      fence_proxy_async();  // every thread's reads of stage s ^ 1 (last row) came before this barrier-ordered point
+      issue(row + clusters, s ^ 1);
+    }
+    mbarrier_wait(&bars[s], uint32_t(it >> 1) & 1u);
+    const T* xs = stages + s * chunk;
+    A mu = 0;
+    if constexpr (C::centered) {
+      A v[1] = {0};
+#pragma unroll 2
+      for (int c = threadIdx.x * VEC; c < len; c += kClusterThreads * VEC)
+        v[0] += vec_sum<A, VEC>(load_held<T, VEC>(xs + c), A(0), false);
+      cluster_sum(v, warps, &slots[s][0], totals);
+      mu = v[0] * inv_n;
+    }
+    A v[1] = {0};
+#pragma unroll 2
+    for (int c = threadIdx.x * VEC; c < len; c += kClusterThreads * VEC)
+      v[0] += vec_sum<A, VEC>(load_held<T, VEC>(xs + c), mu, true);
+    cluster_sum(v, warps + kClusterThreads / 32, &slots[s][1], totals + 1);
+    const A rs = rsqrt_acc(fma(v[0], inv_n, eps));
+    if (rank == 0 && threadIdx.x == 0) {
+      a.rstd[row] = rs;
+      if constexpr (C::centered) a.mean[row] = mu;
+    }
+    T* yr = a.y + row * n;
+#pragma unroll(kNormalizeUnroll)
+    for (int c = threadIdx.x * VEC; c < len; c += kClusterThreads * VEC)
+      normalize_store<C, VEC>(a, yr, load_held<T, VEC>(xs + c), col0 + c, mu, rs);
+    __syncthreads();  // stage s is read: the next iteration may refill it
+  }
+  cluster_arrive();  // no block leaves while another may still read its slots
+  cluster_wait();
 }
 
 // The pointers and runtime options of one backward. Partials: null when that gradient is not
@@ -1150,7 +1320,8 @@ int resident_blocks(int threads, int dynamic_shared = 0) {
 }
 
 // Lets Kernel use `bytes` of dynamic shared memory on `device`: beyond the default 48 KB a
-// kernel must opt in, once per device (the attribute belongs to the device's context).
+// kernel must opt in, once per device (the attribute belongs to the device's context). `bytes`
+// is the most any launch of Kernel asks: later calls change nothing.
 template <auto Kernel>
 void allow_dynamic_shared(int32_t device, int bytes, const char* op) {
   constexpr int kDefaultLimit = 48 * 1024;
@@ -1183,11 +1354,12 @@ bool cluster_kernel_usable() {
 // Launches `kernel` on `grid` blocks in clusters of `cluster` blocks (more than 8: sm_90's
 // non-portable sizes, which the kernel must have been allowed, see allow_large_clusters).
 template <typename... KernelArgs, typename... Args>
-void launch_cluster(void (*kernel)(KernelArgs...), unsigned grid, int cluster, cudaStream_t stream, const char* op,
-                    Args&&... args) {
+void launch_cluster(void (*kernel)(KernelArgs...), unsigned grid, int cluster, int dynamic_shared, cudaStream_t stream,
+                    const char* op, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(grid);
   config.blockDim = dim3(kClusterThreads);
+  config.dynamicSmemBytes = size_t(dynamic_shared);
   config.stream = stream;
   cudaLaunchAttribute cluster_dim;
   cluster_dim.id = cudaLaunchAttributeClusterDimension;
@@ -1197,6 +1369,7 @@ void launch_cluster(void (*kernel)(KernelArgs...), unsigned grid, int cluster, c
   config.attrs = &cluster_dim;
   config.numAttrs = 1;
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) (void)cudaGetLastError();  // raised here, not by the next CUDA call's check
   STD_TORCH_CHECK(e == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(e));
 }
 
@@ -1233,6 +1406,49 @@ int resident_clusters(int cluster) {
   return std::max(v, 0);
 }
 
+// The staged forward's cluster and chunk for rows of n values of T: the fewest blocks (up to
+// kMaxCluster) whose chunks fit kStagedChunkBytes; none (blocks == 0) where that takes more.
+struct Staging {
+  int blocks = 0;
+  int chunk = 0;  // columns per block, a multiple of the vector
+};
+
+template <typename T>
+Staging staging_for(int64_t n) {
+  constexpr int64_t kVec = 16 / sizeof(T);
+  const int64_t blocks = std::max<int64_t>(1, (n * int64_t(sizeof(T)) + kStagedChunkBytes - 1) / kStagedChunkBytes);
+  const int64_t chunk = ((n + blocks - 1) / blocks + kVec - 1) / kVec * kVec;
+  Staging st;
+  if (blocks > kMaxCluster || chunk * int64_t(sizeof(T)) > kStagedChunkBytes) return st;
+  st.blocks = int(blocks);
+  st.chunk = int(chunk);
+  return st;
+}
+
+// Clusters of `cluster` blocks of Kernel, with `dynamic_shared` bytes each, resident at once
+// (at least 1); the last answer is kept, as a process asks about few shapes.
+template <auto Kernel>
+int resident_clusters_with_shared(int cluster, int dynamic_shared) {
+  thread_local int last_cluster = 0, last_shared = -1, last = 1;
+  if (cluster != last_cluster || dynamic_shared != last_shared) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(cluster));
+    config.blockDim = dim3(kClusterThreads);
+    config.dynamicSmemBytes = size_t(dynamic_shared);
+    cudaLaunchAttribute cluster_dim;
+    cluster_dim.id = cudaLaunchAttributeClusterDimension;
+    cluster_dim.val.clusterDim.x = unsigned(cluster);
+    cluster_dim.val.clusterDim.y = 1;
+    cluster_dim.val.clusterDim.z = 1;
+    config.attrs = &cluster_dim;
+    config.numAttrs = 1;
+    int v = 0;
+    if (cudaOccupancyMaxActiveClusters(&v, Kernel, &config) != cudaSuccess) (void)cudaGetLastError();
+    last_cluster = cluster, last_shared = dynamic_shared, last = std::max(v, 1);
+  }
+  return last;
+}
+
 // One forward of the kernels configured by C, with add_rms_norm's residual (and its rows) when C::add.
 template <typename C>
 void launch_forward(const Problem& p, const ForwardOutputs& o, const Tensor* residual, const RowLayout* residual_rows,
@@ -1266,9 +1482,23 @@ void launch_forward(const Problem& p, const ForwardOutputs& o, const Tensor* res
                               {a.h, &o.residual_out_rows, sizeof(R)}},
                              kForwardVecs, cluster_kernel_usable<forward_cluster_kernel<C, kVec, 4>>() ? kMaxCluster : 0, 8);
   const cudaStream_t stream = current_stream(p.input.get_device_index());
+  if constexpr (!C::add) {
+    constexpr auto kStaged = forward_staged_kernel<C, kVec>;
+    const Staging st = staging_for<T>(p.n);
+    if (s.vec == kVec && (s.cluster > 0 || s.vpt == 0) && st.blocks > 0 && cluster_kernel_usable<kStaged>()) {
+      const int shared = 2 * st.chunk * int(sizeof(T));
+      // The kernel's limit is set once, to what any row asks (allow_dynamic_shared's contract).
+      allow_dynamic_shared<kStaged>(p.input.get_device_index(), 2 * kStagedChunkBytes, op);
+      const int64_t clusters = std::min<int64_t>(p.num_rows, resident_clusters_with_shared<kStaged>(st.blocks, shared));
+      launch_cluster(kStaged, grid_size(op, clusters * st.blocks), st.blocks, shared, stream, op, a, p.rows,
+                     p.num_rows, int(p.n), st.chunk, A(p.eps));
+      check_launch(op);
+      return;
+    }
+  }
   if (s.cluster > 0) {
     const auto launch = [&](auto kernel) {
-      launch_cluster(kernel, grid_size(op, p.num_rows * s.cluster), s.cluster, stream, op, a, p.rows, res_rows, p.n,
+      launch_cluster(kernel, grid_size(op, p.num_rows * s.cluster), s.cluster, 0, stream, op, a, p.rows, res_rows, p.n,
                      A(p.eps));
     };
     if (s.vpt == 4) launch(forward_cluster_kernel<C, kVec, 4>);
@@ -1374,7 +1604,7 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
     if (resident > 0) {
       const int64_t clusters = std::min(p.num_rows, resident);
       run_partials(clusters, [&] {
-        launch_cluster(kernel, grid_size(op, clusters * s.cluster), s.cluster, stream, op, a, p.grad_rows, p.rows,
+        launch_cluster(kernel, grid_size(op, clusters * s.cluster), s.cluster, 0, stream, op, a, p.grad_rows, p.rows,
                        dh_rows, p.num_rows, p.n);
       });
       return;
