@@ -25,7 +25,8 @@
 // a 32 KB chunk of every row, which the copy engine loads into one of two stages while the
 // block reduces and writes the other. Wider rows (up to 262144 bf16 values), and add_rms_norm's,
 // are cached in the registers of the cluster's threads. Wider rows still, the backward of rows
-// wider than a block caches, and inputs that are not 16-byte aligned take a sweeping kernel of the same math that reads the row again for each statistic (from L2 while the rows
+// wider than a block caches, and inputs that are not 16-byte aligned take a sweeping kernel
+// of the same math that reads the row again for each statistic (from L2 while the rows
 // in flight fit there); add_rms_norm's sweep writes residual_out on the first pass and reads
 // it back after (each thread only the elements it wrote).
 //
@@ -581,9 +582,10 @@ __global__ void __launch_bounds__(kClusterThreads, kClusterForwardBlocks<C, VPT>
 // Forward of rows wider than a block caches, through shared memory (sm_90; rms_norm and
 // layer_norm with their options, not add_rms_norm): a persistent grid of clusters (two blocks an
 // SM: 64 registers a thread, 64 KB of stages), each walking the rows r, r + clusters, ...; block
-// `rank` of a cluster owns the contiguous columns [rank * chunk, (rank + 1) * chunk) of every row. The Tensor Memory Accelerator copies that
-// chunk (cp.async.bulk) into one of two shared-memory stages, signalling an mbarrier, so the
-// next row's chunk is in flight while the block reduces and writes the current one. The row
+// `rank` of a cluster owns the contiguous columns [rank * chunk, (rank + 1) * chunk) of every
+// row. The Tensor Memory Accelerator copies that chunk (cp.async.bulk) into one of two
+// shared-memory stages, signalling an mbarrier, so the next row's chunk is in flight while the
+// block reduces and writes the current one. The row
 // sums are added across the cluster as in forward_cluster_kernel. Where the register-caching
 // cluster kernel has each block wait on its own loads before every reduction, here the copy
 // engine keeps a whole chunk in flight per SM without a register: x is read once and y written
@@ -670,7 +672,7 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
   for (int it = 0; row < num_rows; row += clusters, ++it) {
     const int s = it & 1;
     if (threadIdx.x == 0 && row + clusters < num_rows) {
-      fence_proxy_async();  // every thread's reads of stage s ^ 1 (last row) came before this barrier-ordered point
+      fence_proxy_async();  // after the barrier that ended every thread's reads of stage s ^ 1
       issue(row + clusters, s ^ 1);
     }
     mbarrier_wait(&bars[s], uint32_t(it >> 1) & 1u);
