@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fusedops import backend_for
-from fusedops._native import PRECHECK_ARGUMENTS
 from fusedops.testing import OP_TESTS, check_against_reference, grads_for, outputs_of
 from conftest import device_params
 
@@ -88,9 +87,6 @@ def test_strided_inputs(info, device):
 def test_bad_inputs(info, device):
     """Each bad input raises its error, with its message, from the real kernel and from the
     fake kernel (device 'meta')."""
-    if PRECHECK_ARGUMENTS and device != "meta" and not (device == "cuda" and backend_for(info.name, "cuda") == "triton"):
-        pytest.skip(f"torch {torch.__version__} crashes when a stable-ABI kernel raises (see fusedops/_native.py); "
-                    "the public functions check in Python first, tested in test_public_function_checks")
     for err in info.error_samples(device):
         op = err.op or info.op
         with pytest.raises(err.error, match=err.match):
@@ -189,16 +185,6 @@ def test_gradgradcheck_fp64(info, device):
 @pytest.mark.parametrize("info", OPS)
 def test_autocast(info, device):
     info.autocast_check(device)
-
-
-@pytest.mark.parametrize("info", OPS)
-def test_autocast_with_python_prechecks(info, monkeypatch):
-    """Under autocast the public functions' Python argument checks (on for torch < 2.13, where a
-    raising kernel crashes) see the arguments the autocast rule will pass on: here forced on."""
-    import fusedops.functional
-
-    monkeypatch.setattr(fusedops.functional, "PRECHECK_ARGUMENTS", True)
-    info.autocast_check("cpu")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -24,14 +24,6 @@ def _version_tuple(v):
     return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts[:2])
 
 
-# Under torch 2.11 (seen on the H200 machine, torch 2.11.0+cu130) a stable-ABI kernel that
-# raises while it holds an optional Tensor argument crashes the process (segmentation fault);
-# torch 2.13 raises the error cleanly. On older torch the public functions therefore check
-# their arguments in Python before calling the op. A direct torch.ops.fusedops call with bad
-# arguments can still crash there.
-PRECHECK_ARGUMENTS = _version_tuple(torch.__version__) < (2, 13)
-
-
 class IncompatibleBuildError(ImportError):
     """The installed fusedops binaries do not fit this torch."""
 

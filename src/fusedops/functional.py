@@ -9,7 +9,6 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ._native import PRECHECK_ARGUMENTS
 from .ops import add_rms_norm as _add_rms_norm
 from .ops import cross_entropy as _cross_entropy
 from .ops import layer_norm as _layer_norm
@@ -26,11 +25,6 @@ _add_rms_norm_op = _add_rms_norm.forward
 _add_rms_norm_inplace_op = _add_rms_norm.forward_
 _layer_norm_op = _layer_norm.forward
 
-
-def _precheck_routed(input) -> bool:
-    # Older torch crashes when a stable-ABI kernel raises (fusedops/_native.py): check first,
-    # unless compiling (the fake kernel checks) or under autocast (which may still cast).
-    return PRECHECK_ARGUMENTS and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(input.device.type)
 
 
 def rms_norm(
@@ -66,11 +60,7 @@ def rms_norm(
         float64 input) whatever the storage dtype.
     """
     if direct_call_allowed():
-        if PRECHECK_ARGUMENTS:
-            _rms_norm.check_forward(input, weight, eps, offset)
         return _rms_norm.direct(input, weight, eps, offset, cast_before_weight, save_output)
-    if _precheck_routed(input):
-        _rms_norm.check_forward(input, weight, eps, offset)
     return _rms_norm_op(input, weight, eps, offset, cast_before_weight, save_output)[0]
 
 
@@ -99,11 +89,7 @@ def add_rms_norm(
         Gradients flow to input, residual and weight through both.
     """
     if direct_call_allowed():
-        if PRECHECK_ARGUMENTS:
-            _add_rms_norm.check_forward(input, residual, weight, eps, offset)
         return _add_rms_norm.direct(input, residual, weight, eps, offset, cast_before_weight)
-    if _precheck_routed(input):
-        _add_rms_norm.check_forward(input, residual, weight, eps, offset)
     output, residual_out, _rstd = _add_rms_norm_op(input, residual, weight, eps, offset, cast_before_weight)
     return output, residual_out
 
@@ -119,11 +105,7 @@ def add_rms_norm_(
     """:func:`add_rms_norm` for inference: adds ``input`` into ``residual`` in place and returns
     the normalised sum. No gradient: it raises if a tensor requires grad with grad mode on."""
     if direct_call_allowed():
-        if PRECHECK_ARGUMENTS:
-            _add_rms_norm.check_forward(input, residual, weight, eps, offset, op="add_rms_norm_")
         return _add_rms_norm.direct_inplace(input, residual, weight, eps, offset, cast_before_weight)
-    if _precheck_routed(input):
-        _add_rms_norm.check_forward(input, residual, weight, eps, offset, op="add_rms_norm_")
     return _add_rms_norm_inplace_op(input, residual, weight, eps, offset, cast_before_weight)[0]
 
 
@@ -148,11 +130,7 @@ def layer_norm(
         float64 input) whatever the storage dtype.
     """
     if direct_call_allowed():
-        if PRECHECK_ARGUMENTS:
-            _layer_norm.check_forward(input, weight, bias, eps)
         return _layer_norm.direct(input, weight, bias, eps)
-    if _precheck_routed(input):
-        _layer_norm.check_forward(input, weight, bias, eps)
     return _layer_norm_op(input, weight, bias, eps)[0]
 
 
@@ -172,11 +150,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
         input); backward recomputes silu from gate (autograd keeps gate and up, nothing else).
     """
     if direct_call_allowed():
-        if PRECHECK_ARGUMENTS:
-            _swiglu.check_forward(gate, up)
         return _swiglu.direct(gate, up)
-    if _precheck_routed(gate):
-        _swiglu.check_forward(gate, up)
     return _swiglu.forward(gate, up)
 
 
@@ -197,11 +171,7 @@ def geglu(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
         A contiguous tensor of gate's shape and dtype, computed in float32.
     """
     if direct_call_allowed():
-        if PRECHECK_ARGUMENTS:
-            _geglu.check_forward(gate, up, approximate)
         return _geglu.direct(gate, up, approximate)
-    if _precheck_routed(gate):
-        _geglu.check_forward(gate, up, approximate)
     return _geglu.forward(gate, up, approximate)
 
 
@@ -211,11 +181,7 @@ def swiglu_packed(gate_up: Tensor) -> Tensor:
     shape ``(..., n)``. Its backward writes one ``(..., 2n)`` gradient, which the fused
     projection's backward takes as it is (no concatenation of two gradients)."""
     if direct_call_allowed():
-        if PRECHECK_ARGUMENTS:
-            _swiglu_packed.check_forward(gate_up)
         return _swiglu_packed.direct(gate_up)
-    if _precheck_routed(gate_up):
-        _swiglu_packed.check_forward(gate_up)
     return _swiglu_packed.forward(gate_up)
 
 
@@ -223,11 +189,7 @@ def geglu_packed(gate_up: Tensor, approximate: str = "none") -> Tensor:
     """:func:`geglu` of the two halves of ``gate_up`` ``(..., 2n)`` = ``[gate | up]``; see
     :func:`swiglu_packed`."""
     if direct_call_allowed():
-        if PRECHECK_ARGUMENTS:
-            _geglu_packed.check_forward(gate_up, approximate)
         return _geglu_packed.direct(gate_up, approximate)
-    if _precheck_routed(gate_up):
-        _geglu_packed.check_forward(gate_up, approximate)
     return _geglu_packed.forward(gate_up, approximate)
 # ---- rotary position embeddings -------------------------------------------------------------
 
@@ -279,29 +241,14 @@ def _rope_back(t, layout):
     return t.transpose(1, 2).squeeze(0)
 
 
-def _rope_eager_checks(op, q, k, cos, sin, position_ids, check_positions, check_forward):
-    """The checks before the launch; returns the GPU position check to finish after it, or None.
-    Positions are checked by the CPU kernel itself (here too on older torch, where a kernel that
-    raises crashes: fusedops/_native.py); the GPU kernels record the first bad one."""
-    compiling = torch.compiler.is_compiling()
-    gpu_check = None
+def _rope_position_check(op, q, position_ids, check_positions):
+    """The GPU position check to finish after the launch, or None. The CPU kernel checks the
+    positions itself; the GPU kernels record the first bad one."""
     if position_ids is not None:
-        gpu_check = _rope.gpu_position_check(op, check_positions, q, compiling)
-    elif check_positions is not True:
+        return _rope.gpu_position_check(op, check_positions, q, torch.compiler.is_compiling())
+    if check_positions is not True:
         _rope.check_positions_mode(op, check_positions)
-    check_arguments = PRECHECK_ARGUMENTS and not compiling
-    check_cpu_positions = PRECHECK_ARGUMENTS and position_ids is not None and q.device.type == "cpu"
-    if not (check_arguments or check_cpu_positions):
-        return gpu_check
-    if torch.is_autocast_enabled(q.device.type):
-        # Check what the autocast rule will pass on (a copy of the tables only when checking).
-        cos, sin = _rope.autocast_tables(q, cos, sin)
-    if check_arguments:
-        check_forward(q, k, cos, sin, position_ids)
-    if check_cpu_positions:
-        _rope.check(op, "q", "k", q, k, cos, sin, position_ids)
-        _rope.check_positions(op, position_ids, cos)
-    return gpu_check
+    return None
 
 
 def rope(
@@ -354,7 +301,7 @@ def rope(
         with respect to cos and sin are not supported (a clear error if they require grad).
     """
     q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope", q, k, cos, sin, layout, position_ids)
-    gpu_check = _rope_eager_checks("rope", q4, k4, cos4, sin4, pos, check_positions, _rope.check_forward)
+    gpu_check = _rope_position_check("rope", q4, pos, check_positions)
     if direct_call_allowed():
         q_out, k_out, bad = _rope.direct(q4, k4, cos4, sin4, pos, interleaved)
     else:
@@ -379,9 +326,7 @@ def rope_(
     touched) and returns them. No gradient: it raises if a tensor requires grad with grad mode
     on. q and k must not have rows that share memory (an expanded tensor)."""
     q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope_", q, k, cos, sin, layout, position_ids)
-    gpu_check = _rope_eager_checks(
-        "rope_", q4, k4, cos4, sin4, pos, check_positions, lambda *a: _rope.check_forward(*a, op="rope_")
-    )
+    gpu_check = _rope_position_check("rope_", q4, pos, check_positions)
     if direct_call_allowed():
         bad = _rope.direct_inplace(q4, k4, cos4, sin4, pos, interleaved)
     else:
@@ -454,16 +399,6 @@ def cross_entropy(
         dtype (float32 under autocast, as torch). Math in float32 (float64 for float64 logits).
     """
     compiling = torch.compiler.is_compiling()
-    if PRECHECK_ARGUMENTS and not compiling:
-        _cross_entropy.check(
-            "cross_entropy", logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
-        )
-        if logits.device.type == "cpu":  # the kernel would raise, which crashes on this torch
-            bad = _cross_entropy.first_bad_target(target, logits.shape[-1], ignore_index)
-            if bad >= 0:
-                raise ValueError(
-                    _cross_entropy.bad_target_message("cross_entropy", target, bad, logits.shape[-1], ignore_index)
-                )
     gpu_check = _cross_entropy.gpu_target_check("cross_entropy", check_target, logits, compiling)
     args = (logits, target, weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
             None if softcap is None else float(softcap))

@@ -16,6 +16,8 @@ under autocast (whose rule runs above autograd and may cast arguments the Functi
 save uncast), or inside functorch transforms (which need ``Function.apply``'s own handling).
 """
 
+import contextlib
+
 import torch
 
 # Entered around a call, sends it past the Autograd keys: where the Autograd kernel redispatches.
@@ -41,21 +43,16 @@ def bind_apply(function):
     return _base_apply.__get__(None, function)
 
 
-class below_autograd_unless_grad:
+_NO_GUARD = contextlib.nullcontext()
+
+
+def below_autograd_unless_grad():
     """A backward formula's context: ``BelowAutograd`` when grad mode is off (the usual
     backward), nothing when it is on (create_graph=True), so that the registered backward op's
-    own autograd runs and reports that double backward is not supported."""
-
-    __slots__ = ("_guard",)
-
-    def __enter__(self):
-        self._guard = BelowAutograd() if not torch.is_grad_enabled() else None
-        if self._guard is not None:
-            self._guard.__enter__()
-
-    def __exit__(self, *exc):
-        if self._guard is not None:
-            self._guard.__exit__(*exc)
+    own autograd runs and reports that double backward is not supported. (A function handing
+    out the C++ guard, rather than a Python context manager class: two Python frames less per
+    backward.)"""
+    return _NO_GUARD if torch.is_grad_enabled() else BelowAutograd()
 
 
 def register_no_double_backward(backward_op: str, public_name: str) -> None:

@@ -33,6 +33,7 @@ from . import _direct, _norm
 forward = torch.ops.fusedops.add_rms_norm.default
 forward_ = torch.ops.fusedops.add_rms_norm_.default
 backward = torch.ops.fusedops.add_rms_norm_backward.default
+_backward_entry = backward._op  # (OpOverload.__call__ minus its Python frame)
 
 
 def check_forward(input, residual, weight, eps, offset=0.0, op="add_rms_norm"):
@@ -100,7 +101,7 @@ def _backward(ctx, grad_output, grad_residual_out, _grad_rstd=None):
         grad_input = grad_residual_out.to(ctx.input_dtype) if need_input else None
         return grad_input, grad_residual_out if need_residual else None, None, None, None, None
     with _direct.below_autograd_unless_grad():  # create_graph=True: the op reports double backward
-        grad_input, grad_residual, grad_weight = backward(
+        grad_input, grad_residual, grad_weight = _backward_entry(
             grad_output, grad_residual_out, residual_out, weight, rstd, ctx.offset, need_weight
         )
     if residual_out.dtype == grad_output.dtype:

@@ -23,6 +23,7 @@ from . import _direct, _norm
 
 forward = torch.ops.fusedops.layer_norm.default
 backward = torch.ops.fusedops.layer_norm_backward.default
+_backward_entry = backward._op  # (OpOverload.__call__ minus its Python frame)
 
 
 def check_forward(input, weight, bias, eps):
@@ -70,7 +71,7 @@ def _backward(ctx, grad_output, _grad_mean=None, _grad_rstd=None):
     # The backward op takes the bias for its dtype: an uninitialised stand-in of n elements.
     bias = None if ctx.bias_dtype is None else input.new_empty(input.shape[-1:], dtype=ctx.bias_dtype)
     with _direct.below_autograd_unless_grad():  # create_graph=True: the op reports double backward
-        grad_input, grad_weight, grad_bias = backward(
+        grad_input, grad_weight, grad_bias = _backward_entry(
             grad_output, input, weight, bias, mean, rstd, need_weight, need_bias
         )
     return (

@@ -29,6 +29,7 @@ from . import _direct, _norm
 
 forward = torch.ops.fusedops.rms_norm.default
 backward = torch.ops.fusedops.rms_norm_backward.default
+_backward_entry = backward._op  # (OpOverload.__call__ minus its Python frame)
 
 
 def check_forward(input, weight, eps, offset=0.0):
@@ -73,7 +74,7 @@ def _backward(ctx, grad_output, _grad_rstd=None):
     saved, weight, rstd = ctx.saved_tensors
     need_input, need_weight = ctx.needs_input_grad[:2]
     with _direct.below_autograd_unless_grad():  # create_graph=True: the op reports double backward
-        grad_input, grad_weight = backward(
+        grad_input, grad_weight = _backward_entry(
             grad_output, saved, weight, rstd, ctx.offset, ctx.saved_is_output, need_weight
         )
     return (grad_input if need_input else None), (grad_weight if need_weight else None), None, None, None, None

@@ -73,9 +73,7 @@ def cos_dtype_ok(x_dtype, cos_dtype):
 
 def check(op, qn, kn, q, k, cos, sin, position_ids):
     """The checks of csrc/include/fusedops/rope.h (make_problem), in the same words. `q` or `k`
-    may be None (a backward's absent gradient). Each tensor's metadata is read once: this runs
-    before every eager call on torch < 2.13 (fusedops/_native.py), where it is most of the
-    per-call host time of a decode step."""
+    may be None (a backward's absent gradient). Each tensor's metadata is read once."""
     qs = _check_qk(op, qn, q) if q is not None else None
     ks = _check_qk(op, kn, k) if k is not None else None
     ref, refn, rs = (q, qn, qs) if q is not None else (k, kn, ks)
@@ -182,13 +180,6 @@ def position_message(op, position_ids, rows):
         return f"{op}: position_ids[{b}, {s}] = {value} is outside the cos/sin tables' {rows} rows"
 
     return message
-
-
-def check_positions(op, position_ids, cos):
-    """Raises for the first position outside cos's rows (reads the values: a sync on a GPU)."""
-    index = int(bad_position_index(position_ids, cos.shape[0]))
-    if index >= 0:
-        raise ValueError(position_message(op, position_ids, cos.shape[0])(index))
 
 
 # ---- fake kernels ----------------------------------------------------------------------------
