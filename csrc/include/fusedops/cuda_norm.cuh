@@ -1353,23 +1353,31 @@ bool cluster_kernel_usable() {
   return usable;
 }
 
-// Launches `kernel` on `grid` blocks in clusters of `cluster` blocks (more than 8: sm_90's
-// non-portable sizes, which the kernel must have been allowed, see allow_large_clusters).
-template <typename... KernelArgs, typename... Args>
-void launch_cluster(void (*kernel)(KernelArgs...), unsigned grid, int cluster, int dynamic_shared, cudaStream_t stream,
-                    const char* op, Args&&... args) {
+// The launch configuration of `grid` blocks of kClusterThreads in clusters of `cluster` blocks.
+// The configuration points at `attribute`, the caller's, which holds the cluster size.
+inline cudaLaunchConfig_t cluster_config(unsigned grid, int cluster, int dynamic_shared, cudaStream_t stream,
+                                         cudaLaunchAttribute& attribute) {
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = unsigned(cluster);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(grid);
   config.blockDim = dim3(kClusterThreads);
   config.dynamicSmemBytes = size_t(dynamic_shared);
   config.stream = stream;
-  cudaLaunchAttribute cluster_dim;
-  cluster_dim.id = cudaLaunchAttributeClusterDimension;
-  cluster_dim.val.clusterDim.x = unsigned(cluster);
-  cluster_dim.val.clusterDim.y = 1;
-  cluster_dim.val.clusterDim.z = 1;
-  config.attrs = &cluster_dim;
+  config.attrs = &attribute;
   config.numAttrs = 1;
+  return config;
+}
+
+// Launches `kernel` on `grid` blocks in clusters of `cluster` blocks (more than 8: sm_90's
+// non-portable sizes, which the kernel must have been allowed, see allow_large_clusters).
+template <typename... KernelArgs, typename... Args>
+void launch_cluster(void (*kernel)(KernelArgs...), unsigned grid, int cluster, int dynamic_shared, cudaStream_t stream,
+                    const char* op, Args&&... args) {
+  cudaLaunchAttribute cluster_dim;
+  const cudaLaunchConfig_t config = cluster_config(grid, cluster, dynamic_shared, stream, cluster_dim);
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (e != cudaSuccess) (void)cudaGetLastError();  // raised here, not by the next CUDA call's check
   STD_TORCH_CHECK(e == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(e));
@@ -1388,16 +1396,8 @@ int resident_clusters(int cluster) {
       (void)cudaGetLastError();
       v = -1;
     } else {
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(unsigned(cluster));
-      config.blockDim = dim3(kClusterThreads);
       cudaLaunchAttribute cluster_dim;
-      cluster_dim.id = cudaLaunchAttributeClusterDimension;
-      cluster_dim.val.clusterDim.x = unsigned(cluster);
-      cluster_dim.val.clusterDim.y = 1;
-      cluster_dim.val.clusterDim.z = 1;
-      config.attrs = &cluster_dim;
-      config.numAttrs = 1;
+      const cudaLaunchConfig_t config = cluster_config(unsigned(cluster), cluster, 0, nullptr, cluster_dim);
       if (cudaOccupancyMaxActiveClusters(&v, Kernel, &config) != cudaSuccess || v <= 0) {
         (void)cudaGetLastError();
         v = -1;
@@ -1433,17 +1433,8 @@ template <auto Kernel>
 int resident_clusters_with_shared(int cluster, int dynamic_shared) {
   thread_local int last_cluster = 0, last_shared = -1, last = 1;
   if (cluster != last_cluster || dynamic_shared != last_shared) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned(cluster));
-    config.blockDim = dim3(kClusterThreads);
-    config.dynamicSmemBytes = size_t(dynamic_shared);
     cudaLaunchAttribute cluster_dim;
-    cluster_dim.id = cudaLaunchAttributeClusterDimension;
-    cluster_dim.val.clusterDim.x = unsigned(cluster);
-    cluster_dim.val.clusterDim.y = 1;
-    cluster_dim.val.clusterDim.z = 1;
-    config.attrs = &cluster_dim;
-    config.numAttrs = 1;
+    const cudaLaunchConfig_t config = cluster_config(unsigned(cluster), cluster, dynamic_shared, nullptr, cluster_dim);
     int v = 0;
     if (cudaOccupancyMaxActiveClusters(&v, Kernel, &config) != cudaSuccess) (void)cudaGetLastError();
     last_cluster = cluster, last_shared = dynamic_shared, last = std::max(v, 1);
