@@ -8,7 +8,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fusedops import backend_for
 from fusedops.testing import OP_TESTS, check_against_reference, grads_for, outputs_of
 from conftest import device_params
 

@@ -26,7 +26,6 @@ _add_rms_norm_inplace_op = _add_rms_norm.forward_
 _layer_norm_op = _layer_norm.forward
 
 
-
 def rms_norm(
     input: Tensor,
     weight: Optional[Tensor] = None,
@@ -191,6 +190,8 @@ def geglu_packed(gate_up: Tensor, approximate: str = "none") -> Tensor:
     if direct_call_allowed():
         return _geglu_packed.direct(gate_up, approximate)
     return _geglu_packed.forward(gate_up, approximate)
+
+
 # ---- rotary position embeddings -------------------------------------------------------------
 
 from .ops import rope as _rope  # noqa: E402
