@@ -645,11 +645,6 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
   static_assert(!C::add, "add_rms_norm stages two inputs: not here");
   using T = typename C::T;
   using A = typename C::A;
-  // One vector at a time: unrolled, the normalising loop needs more than the 40 registers a
-  // thread that three blocks an SM leave (and the third block is worth more: 2.80 -> 2.98 TB/s
-  // for rms_norm and 2.21 -> 2.42 for layer_norm at 512x131072 bf16 on the H200, against two
-  // blocks at 64 registers).
-  constexpr int kNormalizeUnroll = 1;
   extern __shared__ __align__(128) unsigned char staged_shared[];
   __shared__ uint64_t bars[2];
   __shared__ A warps[2 * kClusterThreads / 32];
@@ -700,7 +695,11 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
       if constexpr (C::centered) a.mean[row] = mu;
     }
     T* yr = a.y + row * n;
-#pragma unroll(kNormalizeUnroll)
+    // One vector at a time: unrolled, this loop needs more than the 40 registers a thread that
+    // three blocks an SM leave (and the third block is worth more: 2.80 -> 2.98 TB/s for
+    // rms_norm and 2.21 -> 2.42 for layer_norm at 512x131072 bf16 on the H200, against two
+    // blocks at 64 registers).
+#pragma unroll 1
     for (int c = threadIdx.x * VEC; c < len; c += kClusterThreads * VEC)
       normalize_store<C, VEC>(a, yr, load_held<T, VEC>(xs + c), col0 + c, mu, rs);
     __syncthreads();  // stage s is read: the next iteration may refill it
