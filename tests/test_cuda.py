@@ -111,11 +111,13 @@ def test_more_than_2_31_elements(info):
             torch.testing.assert_close(o[part].double(), e.double(), atol=1e-2, rtol=1e-2)
 
 
-# Row widths past the block-caching kernels (16384 bf16, 8192 fp32 values). Forward on sm_90:
-# 16392 and 40960 stage their rows in shared memory (clusters of 2 and 3 blocks; fp32: 3 and
-# 5), 131080 is cached in the registers of a cluster of 8 with a vector to spare, 262144 of a
-# full one (bf16; fp32 rows this wide are swept), and 262143, no multiple of any vector, is
-# swept. The backward takes its cluster kernel for the aligned widths.
+# Row widths past the block-caching kernels (16384 bf16, 8192 fp32 values). Forward on sm_90,
+# rms_norm and layer_norm stage their rows in shared memory in chunks of up to 64 KB: 16392,
+# 40960, 131080 and 262144 bf16 values in clusters of 1, 2, 5 and 8 blocks, fp32 16392 and
+# 40960 in 2 and 3 (fp32 rows of 131080 and more are swept); add_rms_norm caches them in the
+# registers of a cluster, 131080 in one of 8 with a vector to spare, 262144 in a full one.
+# 262143, no multiple of any vector, is swept. The backward takes its cluster kernel for the
+# aligned widths.
 WIDE_ROWS = [16392, 40960, 131080, 262144, 262143]
 NORMS = [pytest.param(OP_TESTS_BY_NAME[name], id=name) for name in ("rms_norm", "add_rms_norm", "layer_norm")]
 
@@ -128,10 +130,9 @@ def test_wide_rows(info, n, dtype):
     check_against_reference(info, info.sample_for_shape("cuda", dtype, (3, n), requires_grad=True), dtype)
 
 
-# Rows wider than a block caches, up to 131072 bf16 values, go forward through the staged
-# cluster kernel on sm_90, whose clusters are persistent: more rows than resident clusters, so
-# that each cluster walks several rows and refills both of its shared-memory stages (3 and 8
-# blocks a cluster).
+# Rows wider than a block caches go forward through the staged cluster kernel on sm_90, whose
+# clusters are persistent: more rows than resident clusters, so that each cluster walks several
+# rows and refills its shared memory for each (2 and 4 blocks a cluster).
 STAGED_SHAPES = [(600, 40960), (300, 131072)]
 
 
@@ -140,6 +141,30 @@ STAGED_SHAPES = [(600, 40960), (300, 131072)]
 def test_wide_rows_many_per_cluster(info, shape):
     """Forward values of many wide rows against the fp64 reference."""
     check_against_reference(info, info.sample_for_shape("cuda", torch.bfloat16, shape, requires_grad=False), torch.bfloat16)
+
+
+# layer_norm's cluster kernels merge each block's mean and squared deviations into the row's.
+# Random rows of mean zero would hide a wrong merge (every block's mean is then near the row's),
+# so these rows drift along their length, on top of an offset much larger than their spread:
+# staged in clusters of 2 and 3 blocks, cached in registers (262144), and a staged walk of rows.
+DRIFTING = [
+    ((3, 16392), torch.bfloat16),
+    ((3, 40960), torch.bfloat16),
+    ((3, 262144), torch.bfloat16),
+    ((300, 131072), torch.bfloat16),
+    ((3, 131072), torch.float32),
+]
+
+
+@pytest.mark.parametrize("shape,dtype", DRIFTING, ids=lambda v: f"{v[0]}x{v[1]}" if isinstance(v, tuple) else str(v)[6:])
+def test_layer_norm_wide_rows_drifting_mean(shape, dtype):
+    """layer_norm of wide rows whose mean differs from block to block, against the fp64 reference."""
+    info = OP_TESTS_BY_NAME["layer_norm"]
+    rows, n = shape
+    drift = torch.linspace(-4, 4, n, device="cuda")
+    x = (torch.randn(rows, n, device="cuda") * 0.5 + drift + 40).to(dtype).requires_grad_()
+    sample = info.sample_for_shape("cuda", dtype, shape, requires_grad=True)
+    check_against_reference(info, Sample(_with_input(sample, x), f"{list(shape)}-drifting"), dtype)
 
 
 # More rows than one wave of blocks holds, so that the backward's persistent blocks walk several

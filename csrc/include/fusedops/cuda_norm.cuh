@@ -20,11 +20,11 @@
 // elements before it writes them.
 // Forward rows wider than 8 vectors x 256 threads (16384 bf16) are spread over a thread-block
 // cluster (sm_90) of up to 8 blocks of 512 threads, which add their partial sums through
-// distributed shared memory. Up to 8 x 32 KB a row (131072 bf16 values), rms_norm and
-// layer_norm stage the row in shared memory: a persistent grid of clusters, each block owning
-// a 32 KB chunk of every row, which the copy engine loads into one of two stages while the
-// block reduces and writes the other. Wider rows (up to 262144 bf16 values), and add_rms_norm's,
-// are cached in the registers of the cluster's threads. Wider rows still, the backward of rows
+// distributed shared memory. rms_norm and layer_norm stage the row in shared memory: a
+// persistent grid of clusters, each block owning a chunk of up to 64 KB of every row, which the
+// copy engine loads while the SM's other blocks reduce and write theirs (up to 8 x 64 KB a row:
+// 262144 bf16 values). add_rms_norm's rows (two inputs) are cached in the registers of the
+// cluster's threads, up to the same width. Wider rows still, the backward of rows
 // wider than a block caches, and inputs that are not 16-byte aligned take a sweeping kernel
 // of the same math that reads the row again for each statistic (from L2 while the rows
 // in flight fit there); add_rms_norm's sweep writes residual_out on the first pass and reads
@@ -391,8 +391,8 @@ __global__ void __launch_bounds__(kSweepThreads)
   for (int64_t col = threadIdx.x * VEC; col < n; col += step) normalize_store<C, VEC>(a, yr, values(col), col, mu, rs);
 }
 
-// Rows too wide for one block's registers but within a cluster's: a thread-block cluster of
-// blocks (sm_90) per row, each keeping its share of the row in registers (vectors dealt to the
+// add_rms_norm's rows too wide for one block's registers but within a cluster's: a thread-block
+// cluster of blocks (sm_90) per row, each keeping its share of the row in registers (vectors dealt to the
 // blocks in turn, so the shares differ by at most one vector per thread). Each block sums its
 // share, publishes the sums in its shared memory, and after a cluster barrier every block adds
 // all the blocks' sums in rank order through distributed shared memory: the same totals, bit
@@ -495,6 +495,55 @@ __device__ __forceinline__ void cluster_sum(A (&v)[K], A* warps, A* slot, A* tot
   for (int k = 0; k < K; ++k) v[k] = totals[k];
 }
 
+// A centred row's mean and sum of squared deviations (m2) over the cluster's threads, through
+// one cluster barrier where two cluster_sum calls (the mean, then the deviations from it) wait
+// at two. Each block sums its own values and, around its own mean, their squared deviations,
+// publishes (count, sum, m2) in `slot` (3 values), and after the barrier every block merges the
+// blocks' triples the same way (the pairwise update of Chan, Golub and LeVeque:
+// m2 = sum_b m2_b + sum_b count_b (mean_b - mean)^2), so every block gets the same totals, bit
+// for bit, as stable as the two-pass form. `count`: this block's number of values, the same in
+// each of its threads; `thread_sum(mu, squared)`: this thread's sum of x - mu, or of its squares.
+// `warps` holds 2 x kClusterThreads / 32 values, `totals` 2; slots are reused as in cluster_sum.
+template <typename A, typename ThreadSum>
+__device__ __forceinline__ void cluster_moments(A count, const ThreadSum& thread_sum, A* warps, A* slot, A* totals,
+                                                A& mean, A& m2) {
+  constexpr int kWarps = kClusterThreads / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  A s = warp_sum(thread_sum(A(0), false));
+  if (lane == 0) warps[warp] = s;
+  __syncthreads();
+  s = warp_sum(lane < kWarps ? warps[lane] : A(0));  // the block's sum, in every thread
+  A q = warp_sum(thread_sum(count > A(0) ? s / count : A(0), true));
+  if (lane == 0) warps[kWarps + warp] = q;
+  __syncthreads();
+  if (warp == 0) {
+    q = warp_sum(lane < kWarps ? warps[kWarps + lane] : A(0));
+    if (lane == 0) {
+      slot[0] = count;
+      slot[1] = s;
+      slot[2] = q;
+    }
+  }
+  cluster_arrive();
+  cluster_wait();
+  if (warp == 0) {
+    const bool mine = unsigned(lane) < cluster_blocks();
+    const A c = mine ? load_cluster_shared(slot, unsigned(lane)) : A(0);
+    const A sb = mine ? load_cluster_shared(slot + 1, unsigned(lane)) : A(0);
+    const A qb = mine ? load_cluster_shared(slot + 2, unsigned(lane)) : A(0);
+    const A mu = warp_sum(sb) / warp_sum(c);
+    const A d = c > A(0) ? sb / c - mu : A(0);  // block lane's mean, as that block computed it, less mu
+    const A m = warp_sum(qb + c * d * d);
+    if (lane == 0) {
+      totals[0] = mu;
+      totals[1] = m;
+    }
+  }
+  __syncthreads();
+  mean = totals[0];
+  m2 = totals[1];
+}
+
 // Column of the i-th vector of this thread, in a cluster of `blocks` blocks. Within int: the
 // cluster kernels serve rows of at most kMaxBackwardCluster * kClusterThreads * 8 vectors.
 template <int VEC>
@@ -502,33 +551,30 @@ __device__ __forceinline__ int cluster_column(int i, unsigned blocks, unsigned r
   return int(((i * blocks + rank) * kClusterThreads + threadIdx.x) * VEC);
 }
 
-// Blocks an SM the cluster forward asks for: two (64 registers a thread), so that one block's
-// loads hide the other's cluster barrier. At 8 vectors a thread that spills 8-36 bytes for
-// rms_norm and layer_norm with parameters of the input's type, which still pays: at 256 x
-// 262144 bf16 on the H200 layer_norm went from 1.78 to 2.41 TB/s and rms_norm from 2.17 to 2.76.
-// add_rms_norm (128 bytes and more) and float32 parameters under 16-bit inputs (170 and more)
-// spill too much and keep one (add_rms_norm measured 2.94 TB/s at one, 2.28 at two).
-template <typename C, int VPT>
-constexpr int kClusterForwardBlocks =
-    VPT <= 4 || (!C::add && sizeof(typename C::W) == sizeof(typename C::T) && sizeof(typename C::T) <= 4) ? 2 : 1;
+// Blocks an SM add_rms_norm's cluster forward asks for: two (64 registers a thread) at 4 vectors
+// a thread, so that one block's loads hide the other's cluster barrier; one at 8, where two
+// would spill 128 bytes and more (measured 2.28 TB/s at two against 2.94 at one, 256x262144 bf16).
+template <int VPT>
+constexpr int kClusterForwardBlocks = VPT <= 4 ? 2 : 1;
 
 template <typename C, int VEC, int VPT>
-__global__ void __launch_bounds__(kClusterThreads, kClusterForwardBlocks<C, VPT>)
+__global__ void __launch_bounds__(kClusterThreads, kClusterForwardBlocks<VPT>)
     forward_cluster_kernel(ForwardArgs<C> a, RowLayout rows, ResidualRows<C::add> res_rows, int64_t n,
                            typename C::A eps) {
+  static_assert(C::add, "rms_norm and layer_norm stage wide rows in shared memory: forward_staged_kernel");
   using T = typename C::T;
   using R = typename C::R;
   using A = typename C::A;
   __shared__ A warps[kClusterThreads / 32];
-  __shared__ A slots[2], totals[1];
+  __shared__ A slots[1], totals[1];
   const unsigned rank = cluster_rank(), blocks = cluster_blocks();
   const int64_t row = blockIdx.x / blocks;  // (32-bit division)
-  const T* xr = a.x + rows.offset(row);
   const auto column = [&](int i) { return cluster_column<VEC>(i, blocks, rank); };
   // Held packed, as in forward_kernel: every load issued before the first wait, and 16-bit
   // values two to a register.
-  Held<std::conditional_t<C::add, R, T>, VEC> xv[VPT];
-  if constexpr (C::add) {
+  Held<R, VEC> hv[VPT];
+  {
+    const T* xr = a.x + rows.offset(row);
     const R* rr = a.r + res_rows.r.offset(row);
     R* hr = a.h + res_rows.h.offset(row);
     Held<T, VEC> xin[VPT];
@@ -543,58 +589,43 @@ __global__ void __launch_bounds__(kClusterThreads, kClusterForwardBlocks<C, VPT>
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (column(i) < n) {
-        xv[i] = add_rounded<C, VEC>(xin[i], rin[i]);
-        store_held<R, VEC>(hr + column(i), xv[i]);
+        hv[i] = add_rounded<C, VEC>(xin[i], rin[i]);
+        store_held<R, VEC>(hr + column(i), hv[i]);
       }
     }
-  } else {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      if (column(i) < n) xv[i] = load_held<T, VEC>(xr + column(i));
-  }
-  A mu = 0;
-  if constexpr (C::centered) {
-    A s[1] = {0};
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      if (column(i) < n) s[0] += vec_sum<A, VEC>(xv[i], A(0), false);
-    cluster_sum(s, warps, &slots[1], totals);
-    mu = s[0] / A(n);
   }
   A ss[1] = {0};
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
-    if (column(i) < n) ss[0] += vec_sum<A, VEC>(xv[i], mu, true);
+    if (column(i) < n) ss[0] += vec_sum<A, VEC>(hv[i], A(0), true);
   cluster_sum(ss, warps, &slots[0], totals);
   cluster_arrive();  // this block has read every slot it will read
   const A rs = rsqrt_acc(ss[0] / A(n) + eps);
-  if (rank == 0 && threadIdx.x == 0) {
-    a.rstd[row] = rs;
-    if constexpr (C::centered) a.mean[row] = mu;
-  }
+  if (rank == 0 && threadIdx.x == 0) a.rstd[row] = rs;
   T* yr = a.y + row * n;
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
-    if (column(i) < n) normalize_store<C, VEC>(a, yr, xv[i], column(i), mu, rs);
+    if (column(i) < n) normalize_store<C, VEC>(a, yr, hv[i], column(i), A(0), rs);
   cluster_wait();  // no block leaves while another may still read its slots
 }
 
 // Forward of rows wider than a block caches, through shared memory (sm_90; rms_norm and
 // layer_norm with their options, not add_rms_norm): a persistent grid of clusters (three blocks
-// an SM: 40 registers a thread, 64 KB of stages each, the SM's carveout all shared memory),
-// each walking the rows r, r + clusters, ...; block `rank` of a cluster owns the contiguous
-// columns [rank * chunk, (rank + 1) * chunk) of every row. The Tensor Memory Accelerator copies
-// that chunk (cp.async.bulk) into one of two shared-memory stages, signalling an mbarrier, so
-// the next row's chunk is in flight while the block reduces and writes the current one. The row
-// sums are added across the cluster as in forward_cluster_kernel. Where the register-caching
-// cluster kernel has each block wait on its own loads before every reduction, here the copy
-// engine keeps a whole chunk in flight per SM without a register: x is read once and y written
-// once, and the statistics re-read x from shared memory.
-// Each block's chunk of a row: at most 32 KB, so that a block's two stages (64 KB) leave room for
-// three blocks an SM. Rows that need larger chunks (past 131072 bf16 values) keep the
-// register-caching cluster kernel: 64 KB chunks, one block an SM, measured slower there (H200,
-// 256x262144 bf16: rms_norm 2.54 TB/s against 2.79, layer_norm 2.06 against 2.41).
-constexpr int kStagedChunkBytes = 32 * 1024;
+// an SM: 40 registers a thread, up to 64 KB of shared memory each, the SM's carveout all shared
+// memory), each walking the rows r, r + clusters, ...; block `rank` of a cluster owns the
+// contiguous columns [rank * chunk, (rank + 1) * chunk) of every row. The Tensor Memory
+// Accelerator copies that chunk (cp.async.bulk) into the block's shared memory, signalling an
+// mbarrier; the block reduces it (the statistics re-read x from shared memory), adds the row
+// sums across the cluster as cluster_sum / cluster_moments do, writes y, and only then asks for
+// its chunk of the next row: the SM's other two blocks keep the memory busy meanwhile. x is read
+// once and y written once, with no register holding the row.
+// One stage of up to 64 KB a block, rather than two of 32 KB with the next row's chunk in flight
+// (the kernel's first form): half the cluster barriers for a row of the same width, and rows of
+// 262144 bf16 values staged too. H200, forward TB/s, bf16, in one run (2026-11-30):
+// rms_norm 3.14 -> 3.36 at 2048x32768, 2.93 -> 3.26 at 512x131072, and at 256x262144 3.16
+// against the register-caching cluster kernel's 2.78; layer_norm 2.97 -> 3.18, 2.78 -> 3.03,
+// 2.50 -> 2.91.
+constexpr int kStagedChunkBytes = 64 * 1024;
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -645,50 +676,42 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
   static_assert(!C::add, "add_rms_norm stages two inputs: not here");
   using T = typename C::T;
   using A = typename C::A;
+  constexpr int kStride = kClusterThreads * VEC;  // columns of one pass of the block's threads
   extern __shared__ __align__(128) unsigned char staged_shared[];
-  __shared__ uint64_t bars[2];
+  __shared__ uint64_t bar;
   __shared__ A warps[2 * kClusterThreads / 32];
-  __shared__ A slots[2][2], totals[2];
+  __shared__ A slots[2][3], totals[2];  // slots: one set a row, two in turn (see cluster_sum)
   const unsigned rank = cluster_rank(), blocks = cluster_blocks();
   const int64_t clusters = gridDim.x / blocks;
   const int col0 = int(rank) * chunk;
   const int len = max(0, min(chunk, n - col0));  // this block's columns: a multiple of VEC
-  T* const stages = reinterpret_cast<T*>(staged_shared);  // stage s at stages + s * chunk
+  T* const xs = reinterpret_cast<T*>(staged_shared);
   const uint32_t bytes = uint32_t(len) * sizeof(T);
-  const auto issue = [&](int64_t row, int s) {
-    bulk_load(stages + s * chunk, a.x + rows.offset(row) + col0, bytes, &bars[s]);
-  };
   int64_t row = blockIdx.x / blocks;
   if (threadIdx.x == 0) {
-    mbarrier_init(&bars[0]);
-    mbarrier_init(&bars[1]);
+    mbarrier_init(&bar);
     fence_proxy_async();
-    if (row < num_rows) issue(row, 0);
+    if (row < num_rows) bulk_load(xs, a.x + rows.offset(row) + col0, bytes, &bar);
   }
   __syncthreads();
   const A inv_n = A(1) / A(n);
+  const auto thread_sum = [&](A m, bool squared) {
+    A v = 0;
+#pragma unroll 2
+    for (int c = threadIdx.x * VEC; c < len; c += kStride) v += vec_sum<A, VEC>(load_held<T, VEC>(xs + c), m, squared);
+    return v;
+  };
   for (int it = 0; row < num_rows; row += clusters, ++it) {
-    const int s = it & 1;
-    if (threadIdx.x == 0 && row + clusters < num_rows) {
-      fence_proxy_async();  // after the barrier that ended every thread's reads of stage s ^ 1
-      issue(row + clusters, s ^ 1);
-    }
-    mbarrier_wait(&bars[s], uint32_t(it >> 1) & 1u);
-    const T* xs = stages + s * chunk;
+    mbarrier_wait(&bar, uint32_t(it) & 1u);
+    A* const slot = slots[it & 1];
     A mu = 0;
+    A v[1];
     if constexpr (C::centered) {
-      A v[1] = {0};
-#pragma unroll 2
-      for (int c = threadIdx.x * VEC; c < len; c += kClusterThreads * VEC)
-        v[0] += vec_sum<A, VEC>(load_held<T, VEC>(xs + c), A(0), false);
-      cluster_sum(v, warps, &slots[s][0], totals);
-      mu = v[0] * inv_n;
+      cluster_moments(A(len), thread_sum, warps, slot, totals, mu, v[0]);
+    } else {
+      v[0] = thread_sum(A(0), true);
+      cluster_sum(v, warps, slot, totals);
     }
-    A v[1] = {0};
-#pragma unroll 2
-    for (int c = threadIdx.x * VEC; c < len; c += kClusterThreads * VEC)
-      v[0] += vec_sum<A, VEC>(load_held<T, VEC>(xs + c), mu, true);
-    cluster_sum(v, warps + kClusterThreads / 32, &slots[s][1], totals + 1);
     const A rs = rsqrt_acc(fma(v[0], inv_n, eps));
     if (rank == 0 && threadIdx.x == 0) {
       a.rstd[row] = rs;
@@ -697,12 +720,15 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
     T* yr = a.y + row * n;
     // One vector at a time: unrolled, this loop needs more than the 40 registers a thread that
     // three blocks an SM leave (and the third block is worth more: 2.80 -> 2.98 TB/s for
-    // rms_norm and 2.21 -> 2.42 for layer_norm at 512x131072 bf16 on the H200, against two
-    // blocks at 64 registers).
+    // rms_norm at 512x131072 bf16 on the H200, against two blocks at 64 registers).
 #pragma unroll 1
-    for (int c = threadIdx.x * VEC; c < len; c += kClusterThreads * VEC)
+    for (int c = threadIdx.x * VEC; c < len; c += kStride)
       normalize_store<C, VEC>(a, yr, load_held<T, VEC>(xs + c), col0 + c, mu, rs);
-    __syncthreads();  // stage s is read: the next iteration may refill it
+    __syncthreads();  // the chunk is read: the next row's may land
+    if (threadIdx.x == 0 && row + clusters < num_rows) {
+      fence_proxy_async();  // (the threads' reads of the chunk, before the copy engine's writes)
+      bulk_load(xs, a.x + rows.offset(row + clusters) + col0, bytes, &bar);
+    }
   }
   cluster_arrive();  // no block leaves while another may still read its slots
   cluster_wait();
@@ -1424,11 +1450,12 @@ struct Staging {
 
 template <typename T>
 Staging staging_for(int64_t n) {
+  constexpr int64_t chunk_bytes = kStagedChunkBytes;
   constexpr int64_t kVec = 16 / sizeof(T);
-  const int64_t blocks = std::max<int64_t>(1, (n * int64_t(sizeof(T)) + kStagedChunkBytes - 1) / kStagedChunkBytes);
+  const int64_t blocks = std::max<int64_t>(1, (n * int64_t(sizeof(T)) + chunk_bytes - 1) / chunk_bytes);
   const int64_t chunk = ((n + blocks - 1) / blocks + kVec - 1) / kVec * kVec;
   Staging st;
-  if (blocks > kMaxCluster || chunk * int64_t(sizeof(T)) > kStagedChunkBytes) return st;
+  if (blocks > kMaxCluster || chunk * int64_t(sizeof(T)) > chunk_bytes) return st;
   st.blocks = int(blocks);
   st.chunk = int(chunk);
   return st;
@@ -1475,34 +1502,44 @@ void launch_forward(const Problem& p, const ForwardOutputs& o, const Tensor* res
     res_rows.r = *residual_rows;
     res_rows.h = o.residual_out_rows;
   }
-  const Shape s = make_shape(p, kVec,
-                             {{a.x, &p.rows, sizeof(T)},
-                              {a.y, nullptr, sizeof(T)},
-                              {a.r, residual_rows, sizeof(R)},
-                              {a.h, &o.residual_out_rows, sizeof(R)}},
-                             kForwardVecs, cluster_kernel_usable<forward_cluster_kernel<C, kVec, 4>>() ? kMaxCluster : 0, 8);
+  // Rows past what a block caches go to clusters on sm_90: staged in shared memory (rms_norm,
+  // layer_norm), or cached in registers (add_rms_norm, whose two inputs would halve the chunk).
+  bool clusters = false;
+  if constexpr (C::add) clusters = cluster_kernel_usable<forward_cluster_kernel<C, kVec, 4>>();
+  else clusters = cluster_kernel_usable<forward_staged_kernel<C, kVec>>();
+  Shape s = make_shape(p, kVec,
+                       {{a.x, &p.rows, sizeof(T)},
+                        {a.y, nullptr, sizeof(T)},
+                        {a.r, residual_rows, sizeof(R)},
+                        {a.h, &o.residual_out_rows, sizeof(R)}},
+                       kForwardVecs, clusters ? kMaxCluster : 0, 8);
   const cudaStream_t stream = current_stream(p.input.get_device_index());
   if constexpr (!C::add) {
-    constexpr auto kStaged = forward_staged_kernel<C, kVec>;
+    // The staged chunks cover every width the register clusters would (8 blocks of 512 threads x
+    // 8 vectors, 8 x 64 KB), so s.cluster > 0 always finds a staging.
     const Staging st = staging_for<T>(p.n);
-    if (s.vec == kVec && (s.cluster > 0 || s.vpt == 0) && st.blocks > 0 && cluster_kernel_usable<kStaged>()) {
-      const int shared = 2 * st.chunk * int(sizeof(T));
+    if (s.cluster > 0 && st.blocks > 0) {
+      constexpr auto kStaged = forward_staged_kernel<C, kVec>;
+      const int shared = st.chunk * int(sizeof(T));
       // The kernel's limit is set once, to what any row asks (allow_dynamic_shared's contract).
-      allow_dynamic_shared<kStaged>(p.input.get_device_index(), 2 * kStagedChunkBytes, op, true);
-      const int64_t clusters = std::min<int64_t>(p.num_rows, resident_clusters_with_shared<kStaged>(st.blocks, shared));
-      launch_cluster(kStaged, grid_size(op, clusters * st.blocks), st.blocks, shared, stream, op, a, p.rows,
+      allow_dynamic_shared<kStaged>(p.input.get_device_index(), kStagedChunkBytes, op, true);
+      const int64_t resident = std::min<int64_t>(p.num_rows, resident_clusters_with_shared<kStaged>(st.blocks, shared));
+      launch_cluster(kStaged, grid_size(op, resident * st.blocks), st.blocks, shared, stream, op, a, p.rows,
                      p.num_rows, int(p.n), st.chunk, A(p.eps));
       check_launch(op);
       return;
     }
+    if (s.cluster > 0) s = Shape{s.vec, kSweepThreads, 0, 0};
   }
   if (s.cluster > 0) {
-    const auto launch = [&](auto kernel) {
-      launch_cluster(kernel, grid_size(op, p.num_rows * s.cluster), s.cluster, 0, stream, op, a, p.rows, res_rows, p.n,
-                     A(p.eps));
-    };
-    if (s.vpt == 4) launch(forward_cluster_kernel<C, kVec, 4>);
-    else launch(forward_cluster_kernel<C, kVec, 8>);
+    if constexpr (C::add) {
+      const auto launch = [&](auto kernel) {
+        launch_cluster(kernel, grid_size(op, p.num_rows * s.cluster), s.cluster, 0, stream, op, a, p.rows, res_rows,
+                       p.n, A(p.eps));
+      };
+      if (s.vpt == 4) launch(forward_cluster_kernel<C, kVec, 4>);
+      else launch(forward_cluster_kernel<C, kVec, 8>);
+    }
   } else if (s.vpt == 0) {
     const int rpb = sweep_rows_per_block(s);
     const auto launch = [&](auto kernel) {
