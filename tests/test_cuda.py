@@ -148,15 +148,18 @@ def test_wide_rows_many_per_cluster(info, shape):
 # so these rows drift along their length, on top of an offset much larger than their spread:
 # staged in clusters of 2 and 3 blocks, cached in registers (262144), and a staged walk of rows.
 DRIFTING = [
-    ((3, 16392), torch.bfloat16),
-    ((3, 40960), torch.bfloat16),
-    ((3, 262144), torch.bfloat16),
-    ((300, 131072), torch.bfloat16),
-    ((3, 131072), torch.float32),
+    pytest.param((rows, n), dtype, id=f"{rows}x{n}-{name}")
+    for rows, n, dtype, name in [
+        (3, 16392, torch.bfloat16, "bf16"),
+        (3, 40960, torch.bfloat16, "bf16"),
+        (3, 262144, torch.bfloat16, "bf16"),
+        (300, 131072, torch.bfloat16, "bf16"),
+        (3, 131072, torch.float32, "fp32"),
+    ]
 ]
 
 
-@pytest.mark.parametrize("shape,dtype", DRIFTING, ids=lambda v: f"{v[0]}x{v[1]}" if isinstance(v, tuple) else str(v)[6:])
+@pytest.mark.parametrize("shape,dtype", DRIFTING)
 def test_layer_norm_wide_rows_drifting_mean(shape, dtype):
     """layer_norm of wide rows whose mean differs from block to block, against the fp64 reference."""
     info = OP_TESTS_BY_NAME["layer_norm"]
