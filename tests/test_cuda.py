@@ -173,8 +173,9 @@ def test_layer_norm_wide_rows_drifting_mean(shape, dtype):
 # More rows than one wave of blocks holds, so that the backward's persistent blocks walk several
 # rows each and add their parameter-gradient partials across them: widths that pick one row
 # slot of 8 threads per vector (64), 32 threads (1000 bf16), 4 vectors of 256 threads (4104
-# bf16), 8 vectors (8200 bf16, one block an SM), and for float32 the sweep (8200).
-MANY_ROWS_WIDTHS = [64, 1000, 4104, 8200]
+# bf16), 8 vectors (8200 bf16, one block an SM), and for float32 the sweep (8200); 4096 is the
+# common width, where layer_norm's 16-bit forward takes 4 vectors of 128 threads.
+MANY_ROWS_WIDTHS = [64, 1000, 4096, 4104, 8200]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])

@@ -66,7 +66,7 @@ using namespace fusedops::cuda;
 constexpr int kBlock = 256;            // threads per block of the register-caching kernels
 constexpr int kMaxVecsPerThread = 8;   // wider rows are swept
 constexpr int kSweepThreads = 1024;    // threads per row of the sweeping kernels
-constexpr int kForwardVecs = 2;        // vectors per thread the forward aims at
+constexpr int kForwardVecs = 2;        // vectors per thread the forward aims at (see forward_target)
 
 // What one kernel instance of an uncentred norm computes beyond rms_norm with its defaults
 // (kPlain; layer_norm is always kPlain): kOptions reads offset and cast_before_weight at run
@@ -212,23 +212,40 @@ __device__ __forceinline__ A vec_sum(const V& v, A mu, bool squared) {
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
     const A d = acc_at(v, k) - mu;
-    s += squared ? d * d : d;
+    const A term = squared ? d * d : d;
+    s = k == 0 ? term : s + term;  // (not 0 + term: the compiler keeps that add, for the sign of zero)
   }
   return s;
 }
 
+// Vectors a thread the forward aims at: kForwardVecs, and four for layer_norm's 16-bit rows.
+// layer_norm's forward is bound by instruction issue, and a good share of its instructions are
+// spent once a row per thread (two block reductions, the statistics, the row's addresses):
+// with four vectors a thread, half as many threads pay them for a row. H200, bf16, forward
+// TB/s (do_bench medians, three alternating rounds, 2026-11-30): 3.83-3.85 -> 3.93-3.95 at
+// 32768x4096 (128 threads a row instead of 256), 3.65 -> 3.70-3.73 at 65536x1024 (32 instead
+// of 64). rms_norm, bound by memory at two vectors, keeps them.
+template <typename C>
+constexpr int forward_target() {
+  return C::centered && sizeof(typename C::T) == 2 ? 4 : kForwardVecs;
+}
+
 // TPR threads per row, VPT vectors of VEC elements per thread, kBlock / TPR rows per block.
-// Blocks an SM forward_kernel asks for: six (40 registers a thread) for layer_norm's 16-bit rows
-// of up to two vectors a thread with parameters of the input's type, which left alone take 47
-// registers and five blocks; else what the registers give.
+// Blocks an SM forward_kernel asks for, for layer_norm's 16-bit rows with parameters of the
+// input's type: six (40 registers a thread) up to two vectors a thread, which left alone take
+// 47 registers and five blocks; at four vectors, whose parameters load late (kLateParams), five
+// for bf16 (48 registers, no spills) and four for fp16 (whose conversions spill at 48).
+// Elsewhere what the registers give.
 template <typename C, int VPT>
 constexpr int kForwardMinBlocks =
-    C::centered && VPT <= 2 && sizeof(typename C::T) == 2 && sizeof(typename C::W) == 2 ? 6 : 1;
+    C::centered && sizeof(typename C::T) == 2 && sizeof(typename C::W) == 2
+        ? (VPT <= 2 ? 6 : VPT == 4 ? (std::is_same_v<typename C::T, __half> ? 4 : 5) : 1)
+        : 1;
 
 template <typename C, int VEC, int TPR, int VPT>
 __global__ void __launch_bounds__(kBlock, kForwardMinBlocks<C, VPT>)
     forward_kernel(ForwardArgs<C> a, RowLayout rows, ResidualRows<C::add> res_rows, int64_t num_rows, int n,
-                   typename C::A eps) {
+                   typename C::A eps, typename C::A inv_n) {
   using T = typename C::T;
   using R = typename C::R;
   using A = typename C::A;
@@ -269,12 +286,19 @@ __global__ void __launch_bounds__(kBlock, kForwardMinBlocks<C, VPT>)
       if (active && col < n) xv[i] = load_held<T, VEC>(xr + col);
     }
   }
-  // The parameters are loaded now, so that their latency hides behind the reductions.
-  Params<C, VEC> params[VPT];
+  // The parameters are loaded now, so that their latency hides behind the reductions; except
+  // for layer_norm at four or more vectors a thread, where holding weight and bias through the
+  // reductions took 74 registers (three blocks an SM) and each vector's load just before it is
+  // normalised leaves 48 (five): 3.09-3.15 -> 3.37-3.45 TB/s at 4096x8192 bf16 (H200, same
+  // A/B as forward_target).
+  constexpr bool kLateParams = C::centered && VPT >= 4;
+  Params<C, VEC> params[kLateParams ? 1 : VPT];
+  if constexpr (!kLateParams) {
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int col = (i * TPR + lane) * VEC;
-    if (active && col < n) params[i] = Params<C, VEC>::load(a, col);
+    for (int i = 0; i < VPT; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (active && col < n) params[i] = Params<C, VEC>::load(a, col);
+    }
   }
   const auto in_row = [&](int i) { return active && (i * TPR + lane) * VEC < n; };
   if constexpr (C::centered) {
@@ -286,7 +310,6 @@ __global__ void __launch_bounds__(kBlock, kForwardMinBlocks<C, VPT>)
     // in two passes of divisions (3.49 -> 3.69 TB/s at 32768x4096 bf16,
     // benchmarks/layer_norm_forward_variants.cu). Converting x to float once instead needs 56
     // registers a thread, four blocks an SM, and was slower (3.31).
-    const A inv_n = A(1) / A(n);
     A s = 0;
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
@@ -308,13 +331,14 @@ __global__ void __launch_bounds__(kBlock, kForwardMinBlocks<C, VPT>)
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
       if (col >= n) continue;
+      const Params<C, VEC> pv = kLateParams ? Params<C, VEC>::load(a, col) : params[kLateParams ? 0 : i];
       A y[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         const A x = acc_at(xv[i], k);
         y[k] = sizeof(T) < sizeof(A) ? fma(x, rs, shift) : (x - mu) * rs;
-        const A b = a.b != nullptr ? A(acc_at(params[i].b, k)) : A(0);
-        y[k] = a.w != nullptr ? fma(y[k], A(acc_at(params[i].w, k)), b) : y[k] + b;
+        const A b = a.b != nullptr ? A(acc_at(pv.b, k)) : A(0);
+        y[k] = a.w != nullptr ? fma(y[k], A(acc_at(pv.w, k)), b) : y[k] + b;
       }
       store_from_acc<T, VEC>(yr + col, y);
     }
@@ -1511,7 +1535,7 @@ void launch_forward(const Problem& p, const ForwardOutputs& o, const Tensor* res
                         {a.y, nullptr, sizeof(T)},
                         {a.r, residual_rows, sizeof(R)},
                         {a.h, &o.residual_out_rows, sizeof(R)}},
-                       kForwardVecs, clusters ? kMaxCluster : 0, 8);
+                       forward_target<C>(), clusters ? kMaxCluster : 0, 8);
   const cudaStream_t stream = current_stream(p.input.get_device_index());
   if constexpr (!C::add) {
     // The staged chunks cover every width the register clusters would (8 blocks of 512 threads x
@@ -1553,9 +1577,9 @@ void launch_forward(const Problem& p, const ForwardOutputs& o, const Tensor* res
       constexpr int kRows = kBlock / Tag::tpr;
       forward_kernel<C, decltype(vec)::value, Tag::tpr, Tag::vpt>
           <<<grid_size(op, (p.num_rows + kRows - 1) / kRows), kBlock, 0, stream>>>(a, p.rows, res_rows, p.num_rows,
-                                                                                  int(p.n), A(p.eps));
+                                                                                  int(p.n), A(p.eps), A(1) / A(p.n));
     };
-    dispatch_cached<T>(s, op, launch, CachedShapes<kForwardVecs>{});
+    dispatch_cached<T>(s, op, launch, CachedShapes<forward_target<C>()>{});
   }
   check_launch(op);
 }

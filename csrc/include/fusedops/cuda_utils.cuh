@@ -290,9 +290,9 @@ __device__ __forceinline__ void group_sum(A (&v)[K], A* scratch) {
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      A total = 0;
+      A total = mine[k * kWarps];
 #pragma unroll
-      for (int i = 0; i < kWarps; ++i) total += mine[k * kWarps + i];
+      for (int i = 1; i < kWarps; ++i) total += mine[k * kWarps + i];
       v[k] = total;
     }
   }
