@@ -218,16 +218,19 @@ __device__ __forceinline__ A vec_sum(const V& v, A mu, bool squared) {
   return s;
 }
 
-// Vectors a thread the forward aims at: kForwardVecs, and four for layer_norm's 16-bit rows.
-// layer_norm's forward is bound by instruction issue, and a good share of its instructions are
-// spent once a row per thread (two block reductions, the statistics, the row's addresses):
-// with four vectors a thread, half as many threads pay them for a row. H200, bf16, forward
-// TB/s (do_bench medians, three alternating rounds, 2026-11-30): 3.83-3.85 -> 3.93-3.95 at
-// 32768x4096 (128 threads a row instead of 256), 3.65 -> 3.70-3.73 at 65536x1024 (32 instead
-// of 64). rms_norm, bound by memory at two vectors, keeps them.
+// Vectors a thread the forward aims at: four for 16-bit rows, else kForwardVecs. A good share
+// of a forward's instructions are spent once a row per thread (the block reductions, the
+// statistics, the row's addresses); with four vectors a thread half as many threads pay them
+// for a row, and rows of up to 1024 values reduce within one warp, without a barrier. Measured
+// on the H200 (bf16 forward, 2026-11-30, alternating builds and runs): layer_norm, bound by
+// instruction issue, 3.83-3.85 -> 3.93-3.95 TB/s at 32768x4096 (128 threads a row instead of
+// 256) and 3.65 -> 3.70-3.73 at 65536x1024 (32 instead of 64), do_bench medians
+// (benchmarks/norm_forward_ab.py); rms_norm 0.1417-0.1422 -> 0.1353-0.1357 ms at 32768x4096
+// and 0.0735-0.0742 -> 0.0721-0.0724 at 65536x1024, add_rms_norm within 1% (the harness,
+// fusedops alone, two rounds each). Float32 rows are not measured this way and keep two.
 template <typename C>
 constexpr int forward_target() {
-  return C::centered && sizeof(typename C::T) == 2 ? 4 : kForwardVecs;
+  return sizeof(typename C::T) == 2 ? 4 : kForwardVecs;
 }
 
 // TPR threads per row, VPT vectors of VEC elements per thread, kBlock / TPR rows per block.
@@ -287,11 +290,11 @@ __global__ void __launch_bounds__(kBlock, kForwardMinBlocks<C, VPT>)
     }
   }
   // The parameters are loaded now, so that their latency hides behind the reductions; except
-  // for layer_norm at four or more vectors a thread, where holding weight and bias through the
-  // reductions took 74 registers (three blocks an SM) and each vector's load just before it is
-  // normalised leaves 48 (five): 3.09-3.15 -> 3.37-3.45 TB/s at 4096x8192 bf16 (H200, same
-  // A/B as forward_target).
-  constexpr bool kLateParams = C::centered && VPT >= 4;
+  // at four or more vectors a thread, where holding them through the reductions took 72-74
+  // registers (three blocks an SM) and each vector's load just before it is normalised leaves
+  // 48 (five) for layer_norm and rms_norm: layer_norm 3.09-3.15 -> 3.37-3.45 TB/s and rms_norm
+  // 3.33-3.36 -> 3.43-3.44 at 4096x8192 bf16 (H200, do_bench medians, alternating builds).
+  constexpr bool kLateParams = VPT >= 4;
   Params<C, VEC> params[kLateParams ? 1 : VPT];
   if constexpr (!kLateParams) {
 #pragma unroll
@@ -354,7 +357,9 @@ __global__ void __launch_bounds__(kBlock, kForwardMinBlocks<C, VPT>)
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (col < n) normalize_store<C, VEC>(a, yr, xv[i], col, A(0), rs, params[i]);
+      if (col < n)
+        normalize_store<C, VEC>(a, yr, xv[i], col, A(0), rs,
+                                kLateParams ? Params<C, VEC>::load(a, col) : params[kLateParams ? 0 : i]);
     }
   }
 }
