@@ -174,7 +174,7 @@ def test_layer_norm_wide_rows_drifting_mean(shape, dtype):
 # rows each and add their parameter-gradient partials across them: widths that pick one row
 # slot of 8 threads per vector (64), 32 threads (1000 bf16), 4 vectors of 256 threads (4104
 # bf16), 8 vectors (8200 bf16, one block an SM), and for float32 the sweep (8200); 4096 is the
-# common width, where layer_norm's 16-bit forward takes 4 vectors of 128 threads.
+# common width, where the 16-bit forwards take 4 vectors of 128 threads.
 MANY_ROWS_WIDTHS = [64, 1000, 4096, 4104, 8200]
 
 

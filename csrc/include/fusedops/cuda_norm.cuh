@@ -303,6 +303,11 @@ __global__ void __launch_bounds__(kBlock, kForwardMinBlocks<C, VPT>)
       if (active && col < n) params[i] = Params<C, VEC>::load(a, col);
     }
   }
+  // Vector i's parameters (at column col), when it is normalised.
+  const auto params_of = [&](int i, int col) {
+    if constexpr (kLateParams) return Params<C, VEC>::load(a, col);
+    else return params[i];
+  };
   const auto in_row = [&](int i) { return active && (i * TPR + lane) * VEC < n; };
   if constexpr (C::centered) {
     // layer_norm's forward is bound by instruction issue, not by memory (ncu on the H200), so
@@ -334,7 +339,7 @@ __global__ void __launch_bounds__(kBlock, kForwardMinBlocks<C, VPT>)
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
       if (col >= n) continue;
-      const Params<C, VEC> pv = kLateParams ? Params<C, VEC>::load(a, col) : params[kLateParams ? 0 : i];
+      const Params<C, VEC> pv = params_of(i, col);
       A y[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
@@ -357,9 +362,7 @@ __global__ void __launch_bounds__(kBlock, kForwardMinBlocks<C, VPT>)
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (col < n)
-        normalize_store<C, VEC>(a, yr, xv[i], col, A(0), rs,
-                                kLateParams ? Params<C, VEC>::load(a, col) : params[kLateParams ? 0 : i]);
+      if (col < n) normalize_store<C, VEC>(a, yr, xv[i], col, A(0), rs, params_of(i, col));
     }
   }
 }
