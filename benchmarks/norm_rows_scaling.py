@@ -6,8 +6,8 @@ the bandwidth at the margin; the intercept is what a launch costs whatever its s
 loads before any write, the last writes after every load). A staged kernel whose time stepped
 at multiples of its resident blocks would show it here as residuals. 2026-11-30 on the H200:
 
-    python benchmarks/norm_rows_scaling.py --op rms_norm --n 32768   (0.0348 us a row, 8 us fixed)
-    python benchmarks/norm_rows_scaling.py --op rms_norm --n 262144  (0.285 us a row, 12 us fixed)
+    python benchmarks/norm_rows_scaling.py --op rms_norm --n 32768   (8.1 us fixed + 0.0353 us a row)
+    python benchmarks/norm_rows_scaling.py --op rms_norm --n 262144  (12.4 us fixed + 0.2829 us a row)
 """
 
 import argparse
