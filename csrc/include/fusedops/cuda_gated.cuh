@@ -9,8 +9,8 @@
 // row's last vector may be partial; it is read and written element by element, on a separate
 // path taken only by tiles that hold one. A block of kThreads threads owns a tile of up to
 // kThreads * U vectors: part of one row (wide rows, cut into tiles of that many vectors) or
-// several whole rows (narrow rows). Each thread issues every load of its vectors (16 elements
-// of each input in the forward, 8 in the backward) before it waits on any: they are held packed
+// several whole rows (narrow rows). Each thread issues every load of its vectors (U of them,
+// forward_unroll / backward_unroll) before it waits on any: they are held packed
 // (cuda_utils.cuh, load_held), since unpacking 16-bit values at the load made each thread wait
 // for one load before issuing the next (2.3-2.7 TB/s instead of 4.1-4.3 on the H200). When every
 // operand is contiguous the whole tensor is one row of numel elements (gated.h), split into
@@ -34,11 +34,21 @@ namespace {
 using namespace fusedops::cuda;
 
 constexpr int kThreads = 256;
-// Vectors a thread owns: 16 elements in the forward (two inputs), 8 in the backward (three
-// inputs, two outputs), at most four vectors. With the loads held packed this is 35 (forward)
-// and 32 (backward) registers for 16-bit data: nearly every thread slot of an SM resident, with
-// 64 and 48 bytes a thread in flight, which reaches the H200's copy bandwidth.
-__host__ __device__ constexpr int forward_unroll(int vec) { return vec >= 8 ? 2 : 4; }
+// Vectors a thread owns. The backward: 8 elements of each of its three inputs (two outputs),
+// at most four vectors; with the loads held packed, 32 registers for 16-bit data, nearly every
+// thread slot of an SM resident with 48 bytes a thread in flight, which reaches the H200's copy
+// bandwidth. The forward, for 16-byte vectors of 16-bit data, by activation: one vector (8
+// elements of each input, 28 registers, every thread slot resident) for silu and tanh-gelu,
+// whose math is a few instructions an element; four (58-69 registers) for erf-gelu, whose erf
+// costs enough that a thread needs more independent elements to keep the loads coming.
+// Measured on the H200 (bf16 forward TB/s at 16384x14336 / 4096x28672 / 8192x11008, scratch
+// build with a switch, alternating runs, 2026-12-01), against two vectors for all three:
+// swiglu 4.27 / 4.17 / 4.12 -> 4.32 / 4.21 / 4.19, tanh-geglu 4.27 / 4.16 / 4.12 -> 4.33 /
+// 4.21 / 4.15, geglu 3.91 / 3.82 / 3.78 -> 4.20 / 4.07 / 4.01. Other vector widths: 4 vectors.
+template <Act kAct>
+__host__ __device__ constexpr int forward_unroll(int vec) {
+  return vec < 8 ? 4 : kAct == Act::kGelu ? 4 : 1;
+}
 __host__ __device__ constexpr int backward_unroll(int vec) { return vec >= 8 ? 1 : vec >= 4 ? 2 : 4; }
 
 __device__ __forceinline__ float exp_acc(float x) { return __expf(x); }
@@ -214,9 +224,9 @@ __device__ __forceinline__ bool tile_is_full(const Args<T>& a, const Tile& t) {
 }
 
 template <Act kAct, typename T, int VEC, bool kWide, bool kFull>
-__device__ __forceinline__ void forward_tile(const Args<T>& a, const Slots<kWide, forward_unroll(VEC), VEC, T>& s) {
+__device__ __forceinline__ void forward_tile(const Args<T>& a, const Slots<kWide, forward_unroll<kAct>(VEC), VEC, T>& s) {
   using A = acc_t<T>;
-  constexpr int U = forward_unroll(VEC);
+  constexpr int U = forward_unroll<kAct>(VEC);
   Held<T, VEC> gv[U], uv[U];
 #pragma unroll
   for (int i = 0; i < U; ++i) {
@@ -237,7 +247,7 @@ __device__ __forceinline__ void forward_tile(const Args<T>& a, const Slots<kWide
 
 template <Act kAct, typename T, int VEC, bool kWide>
 __global__ void __launch_bounds__(kThreads) forward_kernel(Args<T> a) {
-  constexpr int U = forward_unroll(VEC);
+  constexpr int U = forward_unroll<kAct>(VEC);
   const Tile t = Tile::of<kWide, int64_t(kThreads) * U>(a);
   const Slots<kWide, U, VEC, T> s(a, t, false);
   if (tile_is_full<kWide, VEC>(a, t)) forward_tile<kAct, T, VEC, kWide, true>(a, s);
@@ -329,7 +339,7 @@ void launch(const Problem& p, const Outputs& o, const char* op) {
     a.num_rows = p.num_rows;
     const auto run = [&](auto vec_tag) {
       constexpr int VEC = decltype(vec_tag)::value;
-      constexpr int64_t kTileVecs = int64_t(kThreads) * (kBackward ? backward_unroll(VEC) : forward_unroll(VEC));
+      constexpr int64_t kTileVecs = int64_t(kThreads) * (kBackward ? backward_unroll(VEC) : forward_unroll<kAct>(VEC));
       a.nvec = (p.n + VEC - 1) / VEC;
       // (a tile of one whole row takes the wide kernel too: rows_per_block 1, one tile)
       if (a.nvec * 2 >= kTileVecs) {
