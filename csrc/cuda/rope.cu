@@ -9,7 +9,8 @@
 // for its G heads and again for the next task (the tables are at most 1/10 of q and k and stay
 // in L1/L2, but that L2 traffic is what G cuts). Tasks follow each tensor's memory order of
 // rows (q's rows, then k's; a row dimension of heads counts head groups), so neighbouring
-// threads read neighbouring bytes whatever the layout (bhsd, bshd, thd).
+// threads read neighbouring bytes whatever the layout (bhsd, bshd, thd); with full rotary the
+// heads come fastest instead, so that a warp's table chunks are shared (row_walk).
 //
 // This replaced a mapping where a thread owned a unit of one position and walked every head,
 // loading cos/sin once. In a standalone comparison of the two (H200, LLaMA-3-8B shape, bf16,
@@ -297,12 +298,22 @@ inline RowWalk row_walk(const Problem& p, int64_t H, const Strides& xs, const St
       {(H + G - 1) / G, xs.h * G, ys.h * G, 0, 0, 0, 0},
       {p.S, xs.s, ys.s, by_position ? 0 : p.cos_s, by_position ? 0 : p.sin_s, p.pos_s, 1},
   };
-  // Largest input stride first (ties: the logical order), so the last dimension moves fastest.
+  // Largest input stride first (ties: the logical order), so the last dimension moves fastest
+  // and consecutive rows are nearest in memory. Except that with full rotary (R = D) the heads
+  // move fastest whatever their stride: the tasks of a warp then share one position, so their
+  // cos/sin chunks are the same addresses, one L2 request for all of them, where rows ordered by
+  // stride (bhsd: positions fastest) gave each position's row of a warp its own. This only
+  // changes bhsd-like strides (bshd and thd already have heads fastest). H200, LLaMA-3-8B shape,
+  // bf16 forward, alternating runs of a scratch build with a switch (2026-12-01): bhsd
+  // 3.76-3.77 -> 3.82 TB/s (forward+backward 3.80 -> 3.84), interleaved 3.46-3.47 -> 3.63, bshd and
+  // thd unchanged; partial rotary (R = D / 2), whose tables are half as large and whose
+  // pass-through units read none, lost (3.70 -> 3.54): it keeps the order by stride.
   int order[3] = {0, 1, 2};
   std::stable_sort(order, order + 3, [&](int l, int r) {
     const int64_t sl = dims[l].size > 1 ? dims[l].x : 0, sr = dims[r].size > 1 ? dims[r].x : 0;
     return sl > sr;
   });
+  if (p.R == p.D) std::stable_partition(order, order + 3, [](int d) { return d != 1; });
   RowWalk w{};
   w.head_x = xs.h;
   w.head_y = ys.h;
