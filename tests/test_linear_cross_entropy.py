@@ -100,6 +100,24 @@ def test_automatic_chunk_follows_the_byte_budget(monkeypatch):
     _close(loss, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("native", [False, True])
+def test_cpu_16bit_products_both_ways(monkeypatch, dtype, native):
+    """On a CPU the products of 16-bit inputs run in float32 unless the CPU multiplies that dtype
+    natively (_product_dtype); both ways (forced here, whatever this CPU has) give the float64
+    reference's loss and gradients to the 16-bit inputs' precision, in the inputs' dtypes."""
+    monkeypatch.setitem(lce_op._cpu_native_16bit, dtype, native)
+    h, w, b, t = _inputs(37, 24, 50, "cpu", dtype=dtype)
+    assert lce_op._product_dtype(h) == (dtype if native else torch.float32)
+    loss = fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=16)
+    ref = reference(h.double(), w.double(), t, b.double(), None, -100, "mean", 0.0, 0.0, None)
+    _close(loss.double(), ref, rtol=2e-2, what="loss")
+    got = _grads(loss, [h, w, b])
+    assert [g.dtype for g in got] == [dtype] * 3
+    for g, e in zip(got, _grads(ref, [h, w, b])):
+        _close(g.double(), e.double(), rtol=2e-2, what="grad")
+
+
 def test_mean_denominator_is_the_batch(device="cpu"):
     """'mean' divides by the whole batch's count (or class-weight sum), not each chunk's: chunks
     with very different numbers of ignored rows give the reference."""

@@ -194,6 +194,29 @@ def _accumulate_mm(acc, a, b):
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
 
 
+def _product_dtype(hidden):
+    """The dtype the products run in: hidden's, except for bfloat16/float16 on a CPU without
+    native dot products of that type (AVX512-BF16 or AMX for bfloat16, AMX-FP16 for float16).
+    There a 16-bit product runs far below the float32 rate (512x256 by 256x8192: 4x slower on an
+    AVX-512 Xeon, 8x on an AVX2 EPYC, the development VMs of 2026-11-30 and 2026-12-01), so the
+    chunk's factors are upcast and multiplied in float32, as torch.compile's reference does. The
+    results are at least as accurate; the cost is a float32 copy of the weight per call and
+    float32 logits chunks."""
+    dt = hidden.dtype
+    if hidden.device.type != "cpu" or dt not in (torch.bfloat16, torch.float16):
+        return dt
+    native = _cpu_native_16bit.get(dt)
+    if native is None:
+        probe = ("_is_avx512_bf16_supported", "_is_amx_tile_supported") if dt == torch.bfloat16 else (
+            "_is_amx_fp16_supported",)
+        native = any(getattr(torch.cpu, name, lambda: False)() for name in probe)
+        _cpu_native_16bit[dt] = native
+    return dt if native else torch.float32
+
+
+_cpu_native_16bit = {}
+
+
 def _plan(target_flat, class_weight, ignore_index, reduction, z_loss, acc, V):
     """(class weights the chunks use, the factor every result is multiplied by at the end, or
     None) for the whole batch; device arithmetic only."""
@@ -225,8 +248,8 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
     x = hidden.reshape(-1, H)
     t = target.reshape(-1)
     N = x.shape[0]
-    dt = hidden.dtype
-    w = weight if weight.dtype == dt else weight.to(dt)  # the products run in hidden's dtype
+    dt = _product_dtype(hidden)  # hidden's dtype, or float32 on a CPU without 16-bit products
+    w = weight if weight.dtype == dt else weight.to(dt)
     b = None if bias is None else (bias if bias.dtype == dt else bias.to(dt))
     cw, factor = _plan(t, class_weight, ignore_index, reduction, z_loss, acc, V)
     red = "none" if reduction == "none" else "sum"
@@ -245,11 +268,11 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
         grad_hidden = hidden.new_empty((0,))
         grad_weight = hidden.new_empty((0,), dtype=acc)
         grad_bias = hidden.new_empty((0,), dtype=acc)
-    rows = chunk_rows_for(V, hidden.element_size(), chunk_rows, hidden.device.type)
-    buf = hidden.new_empty((min(rows, N), V)) if N else None
+    rows = chunk_rows_for(V, w.element_size(), chunk_rows, hidden.device.type)
+    buf = hidden.new_empty((min(rows, N), V), dtype=dt) if N else None
     for start in range(0, N, rows):
         n = min(rows, N - start)
-        xc, tc = x[start:start + n], t[start:start + n]
+        xc, tc = x[start:start + n].to(dt), t[start:start + n]
         logits = buf[:n]
         if b is not None:
             torch.addmm(b, xc, w.t(), out=logits)
@@ -269,7 +292,10 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
             continue
         if go_rows is not None:
             logits.mul_(go_rows[start:start + n, None])
-        torch.mm(logits, w, out=grad_hidden[start:start + n])
+        if grad_hidden.dtype == dt:
+            torch.mm(logits, w, out=grad_hidden[start:start + n])
+        else:
+            grad_hidden[start:start + n] = torch.mm(logits, w)
         _accumulate_mm(grad_weight, logits.t(), xc)
         if bias is not None:
             grad_bias += logits.sum(0, dtype=acc)
