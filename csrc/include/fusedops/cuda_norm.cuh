@@ -218,32 +218,49 @@ __device__ __forceinline__ A vec_sum(const V& v, A mu, bool squared) {
   return s;
 }
 
-// Vectors a thread the forward aims at: four for 16-bit rows, else kForwardVecs. A good share
+// rms_norm's 16-bit rows with 16-bit parameters: two vectors a thread at six blocks an SM.
+// What decides its speed is the warps in flight more than the vectors a thread: its forward at
+// two vectors took 48 registers left alone (five blocks), as at four, and four vectors were
+// faster only for that reason. Bounded to six blocks (40 registers, no spills), two vectors
+// beat four at five blocks. H200, bf16 forward, do_bench medians (benchmarks/norm_forward_ab.py),
+// 2026-12-01: alternating runs of one scratch build with a switch, 3.97-3.99 -> 4.08-4.10 TB/s
+// at 32768x4096 and 3.74-3.78 -> 3.87-3.91 at 65536x1024; then the old wheel against this one,
+// three rounds, 3.95-3.96 -> 4.06-4.07 and 3.73-3.75 -> 3.85-3.88. 4096x8192 runs four vectors
+// at 256 threads a row either way. Four vectors at six blocks (40 registers, an 8-byte stack)
+// lost at 32768x4096 (3.93-3.95); two at eight blocks (32 registers) spilled 40-56 bytes and
+// ran at 2.5-3.3. A float32 weight takes 58 registers at two vectors (six blocks would spill
+// 64-96 bytes): it keeps four. add_rms_norm (two inputs) gained nothing from the same step
+// (65536x1024 3.93-3.95 -> 3.91-3.92 at six or five blocks): it keeps four too.
+template <typename C>
+constexpr bool kRmsTwoVectors =
+    !C::centered && !C::add && sizeof(typename C::T) == 2 && sizeof(typename C::W) == 2;
+
+// Vectors a thread the forward aims at: four for other 16-bit rows, else kForwardVecs. A good share
 // of a forward's instructions are spent once a row per thread (the block reductions, the
 // statistics, the row's addresses); with four vectors a thread half as many threads pay them
 // for a row, and rows of up to 1024 values reduce within one warp, without a barrier. Measured
 // on the H200 (bf16 forward, 2026-11-30, alternating builds and runs): layer_norm, bound by
 // instruction issue, 3.83-3.85 -> 3.93-3.95 TB/s at 32768x4096 (128 threads a row instead of
 // 256) and 3.65 -> 3.70-3.73 at 65536x1024 (32 instead of 64), do_bench medians
-// (benchmarks/norm_forward_ab.py); rms_norm 0.1417-0.1422 -> 0.1353-0.1357 ms at 32768x4096
-// and 0.0735-0.0742 -> 0.0721-0.0724 at 65536x1024, add_rms_norm within 1% (the harness,
-// fusedops alone, two rounds each). Float32 rows are not measured this way and keep two.
+// (benchmarks/norm_forward_ab.py); add_rms_norm within 1% (the harness, fusedops alone, two
+// rounds each). Float32 rows are not measured this way and keep two.
 template <typename C>
 constexpr int forward_target() {
-  return sizeof(typename C::T) == 2 ? 4 : kForwardVecs;
+  return kRmsTwoVectors<C> ? 2 : sizeof(typename C::T) == 2 ? 4 : kForwardVecs;
 }
 
 // TPR threads per row, VPT vectors of VEC elements per thread, kBlock / TPR rows per block.
 // Blocks an SM forward_kernel asks for, for layer_norm's 16-bit rows with parameters of the
 // input's type: six (40 registers a thread) up to two vectors a thread, which left alone take
 // 47 registers and five blocks; at four vectors, whose parameters load late (kLateParams), five
-// for bf16 (48 registers, no spills) and four for fp16 (whose conversions spill at 48).
-// Elsewhere what the registers give.
+// for bf16 (48 registers, no spills) and four for fp16 (whose conversions spill at 48). For
+// rms_norm's (kRmsTwoVectors) six up to two vectors. Elsewhere what the registers give.
 template <typename C, int VPT>
 constexpr int kForwardMinBlocks =
     C::centered && sizeof(typename C::T) == 2 && sizeof(typename C::W) == 2
         ? (VPT <= 2 ? 6 : VPT == 4 ? (std::is_same_v<typename C::T, __half> ? 4 : 5) : 1)
-        : 1;
+    : kRmsTwoVectors<C> && VPT <= 2 ? 6
+                                    : 1;
 
 template <typename C, int VEC, int TPR, int VPT>
 __global__ void __launch_bounds__(kBlock, kForwardMinBlocks<C, VPT>)
