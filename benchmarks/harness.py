@@ -320,21 +320,22 @@ def time_cpu(fn: Callable[[], Any], quick: bool) -> Timing:
     return Timing(m.median * 1e3, _quantile(times, 0.2) * 1e3, _quantile(times, 0.8) * 1e3)
 
 
-def copy_bandwidth(device: str) -> dict:
+def copy_bandwidth(device: str, nbytes: Optional[int] = None) -> dict:
     """The yardstick: a large plain copy timed like the kernels.
 
     GPU: 2 GiB of bf16, ``dst.copy_(src)`` under do_bench.  CPU: 256 MiB of
     fp32 under torch.utils.benchmark.  Bytes moved = bytes read + bytes written.
     Every row is divided by it, so it gets full repetitions even with --quick
-    (about a second on CPU, a fraction on GPU).
+    (about a second on CPU, a fraction on GPU).  ``nbytes``: another copy size
+    (benchmarks/copy_by_size.py).
     """
     if device == "cuda":
-        nbytes = 2 * 2**30
+        nbytes = nbytes or 2 * 2**30
         src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
         dst = torch.empty_like(src)
         timing = time_gpu(lambda: dst.copy_(src), quick=False)
     else:
-        nbytes = 256 * 2**20
+        nbytes = nbytes or 256 * 2**20
         src = torch.empty(nbytes // 4, dtype=torch.float32).uniform_(-1, 1)
         dst = torch.empty_like(src)
         dst.copy_(src)  # fault the pages in before timing
