@@ -194,6 +194,10 @@ def _accumulate_mm(acc, a, b):
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
 
 
+# Whether this CPU multiplies bfloat16 / float16 natively, by dtype: probed once (_product_dtype).
+_cpu_native_16bit = {}
+
+
 def _product_dtype(hidden):
     """The dtype the products run in: hidden's, except for bfloat16/float16 on a CPU without
     native dot products of that type (AVX512-BF16 or AMX for bfloat16, AMX-FP16 for float16).
@@ -212,9 +216,6 @@ def _product_dtype(hidden):
         native = any(getattr(torch.cpu, name, lambda: False)() for name in probe)
         _cpu_native_16bit[dt] = native
     return dt if native else torch.float32
-
-
-_cpu_native_16bit = {}
 
 
 def _plan(target_flat, class_weight, ignore_index, reduction, z_loss, acc, V):
