@@ -48,11 +48,12 @@ namespace fusedops::cross_entropy::cuda {
 namespace {
 
 using namespace fusedops::cuda;
-using fusedops::norm::cuda::cluster_arrive;
 using fusedops::norm::cuda::cluster_blocks;
+using fusedops::norm::cuda::cluster_exchange;
+using fusedops::norm::cuda::cluster_inbox_init;
 using fusedops::norm::cuda::cluster_rank;
 using fusedops::norm::cuda::cluster_wait;
-using fusedops::norm::cuda::load_cluster_shared;
+using fusedops::norm::cuda::ClusterInbox;
 
 constexpr int kThreads = fusedops::norm::cuda::kClusterThreads;  // 512: the cluster launcher's block
 static_assert(kThreads == 512, "the row kernels assume 16 warps");
@@ -165,14 +166,13 @@ __device__ __forceinline__ void warp_combine(A& m, A& s, A& wx) {
   }
 }
 
-// Combines every thread's statistics over the block and, when launched as a cluster, over the
-// cluster: afterwards every thread holds the row's, identical bit for bit. `sh` holds 3 *
-// kWarps values plus the 3-value slot other blocks read. In a cluster it ends with the
-// barrier's arrive: the caller must call cluster_wait() before exiting.
+// Combines every thread's statistics over the block and, given the inbox of a cluster's block
+// (cluster_inbox_init called), over the cluster: afterwards every thread holds the row's,
+// identical bit for bit. `sh` holds 3 * kWarps values plus the cluster's 3.
 constexpr int kShared = 3 * kWarps + 3;
 
 template <typename A>
-__device__ __forceinline__ void row_combine(A& m, A& s, A& wx, A* sh, unsigned blocks) {
+__device__ __forceinline__ void row_combine(A& m, A& s, A& wx, A* sh, ClusterInbox<A, 3>* box) {
   warp_combine(m, s, wx);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
@@ -188,21 +188,27 @@ __device__ __forceinline__ void row_combine(A& m, A& s, A& wx, A* sh, unsigned b
   s = lane < warps ? sh[kWarps + lane] : A(0);
   wx = lane < warps ? sh[2 * kWarps + lane] : A(0);
   warp_combine(m, s, wx);
-  if (blocks > 1) {
-    A* slot = sh + 3 * kWarps;
-    if (threadIdx.x == 0) {
-      slot[0] = m;
-      slot[1] = s;
-      slot[2] = wx;
+  if (box != nullptr) {
+    A* row = sh + 3 * kWarps;
+    cluster_wait();  // every block's inbox is ready
+    if (warp == 0) {
+      const A mine[3] = {m, s, wx};
+      A got[3];
+      cluster_exchange(mine, got, *box, 0);  // lane r gets block r's
+      m = unsigned(lane) < cluster_blocks() ? got[0] : neg_inf<A>();
+      s = got[1];
+      wx = got[2];
+      warp_combine(m, s, wx);
+      if (lane == 0) {
+        row[0] = m;
+        row[1] = s;
+        row[2] = wx;
+      }
     }
-    cluster_arrive();
-    cluster_wait();
-    const bool mine = unsigned(lane) < blocks;  // lane r reads block r's slot
-    m = mine ? load_cluster_shared(slot, lane) : neg_inf<A>();
-    s = mine ? load_cluster_shared(slot + 1, lane) : A(0);
-    wx = mine ? load_cluster_shared(slot + 2, lane) : A(0);
-    warp_combine(m, s, wx);
-    cluster_arrive();  // this block has read every slot it will read
+    __syncthreads();
+    m = row[0];
+    s = row[1];
+    wx = row[2];
   }
 }
 
@@ -426,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, kOptions && VPT == 8 ? 1 : 2) row_ke
   const int64_t t = target_at(a.target, a.target32, row);
   const auto column = [&](int i) { return int64_t(((i * int(blocks) + int(rank)) * kThreads + int(threadIdx.x)) * VEC); };
   T* g = kGrad ? static_cast<T*>(a.grad) + a.grad_rows.offset(row) : nullptr;
-  if (t == a.ignore_index) {  // the whole cluster takes this branch: no barrier is pending
+  if (t == a.ignore_index) {  // the whole cluster takes this branch, before its barrier
     if (rank == 0 && threadIdx.x == 0) {
       a.lse[row] = 0;
       a.rowloss[row] = 0;
@@ -438,6 +444,8 @@ __global__ void __launch_bounds__(kThreads, kOptions && VPT == 8 ? 1 : 2) row_ke
     }
     return;
   }
+  __shared__ ClusterInbox<A, 3> box;
+  if (blocks > 1) cluster_inbox_init(box);
   const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
   // Held packed (cuda_utils.cuh, load_held): a Vec of 16-bit values is split per element at
   // its (conditional) load, which made each thread wait for one load before issuing the next.
@@ -450,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, kOptions && VPT == 8 ? 1 : 2) row_ke
   const auto live = [&](int i) { return column(i) < a.V; };
   A m, s, wx;
   share_stats<T, VPT, kOptions, VEC>(a, xv, live, column, m, s, wx);
-  row_combine(m, s, wx, sh, blocks);
+  row_combine(m, s, wx, sh, blocks > 1 ? &box : nullptr);
   const RowCoefs<T, A> c = finish_row<T>(a, row, t, m, s, wx, xt, writer);
   if constexpr (kGrad) {
 #pragma unroll
@@ -461,7 +469,6 @@ __global__ void __launch_bounds__(kThreads, kOptions && VPT == 8 ? 1 : 2) row_ke
         store_from_acc<T, VEC>(g + column(i), d);
       }
   }
-  if (blocks > 1) cluster_wait();  // no block leaves while another may still read its slot
 }
 
 // ---- the no-grad forward of rows wider than a block: slices, then a combine ------------------
@@ -496,7 +503,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const Args<acc_t<T
     if (live(i)) xv[i] = load_held<T, VEC>(x + column(i));
   A m, s, wx;
   share_stats<T, kSplitVecs, kOptions, VEC>(a, xv, live, column, m, s, wx);
-  row_combine(m, s, wx, sh, 1);
+  row_combine<A>(m, s, wx, sh, nullptr);
   if (threadIdx.x == 0) {
     A* out = part + 3 * int64_t(blockIdx.x);
     out[0] = m;
@@ -593,7 +600,7 @@ __global__ void __launch_bounds__(kThreads) sweep_kernel(const Args<acc_t<T>> a)
     }
   }
   const A xt = threadIdx.x == 0 ? target_logit(a, x, t) : A(0);  // (before the barrier, as above)
-  row_combine(m, s, wx, sh, 1);
+  row_combine<A>(m, s, wx, sh, nullptr);
   const RowCoefs<T, A> c = finish_row<T>(a, row, t, m, s, wx, xt, threadIdx.x == 0);
   if constexpr (kGrad) {
     for (int64_t j = int64_t(threadIdx.x) * VEC; j < V; j += int64_t(kThreads) * VEC) {

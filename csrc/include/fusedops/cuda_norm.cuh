@@ -167,7 +167,8 @@ struct Params {
   __device__ __forceinline__ static Params load(const ForwardArgs<C>& a, int64_t col) {
     Params p;
     if (a.w != nullptr) p.w = load_held<typename C::W, VEC>(a.w + col);
-    if (a.b != nullptr) p.b = load_held<typename C::W, VEC>(a.b + col);
+    if constexpr (C::centered)
+      if (a.b != nullptr) p.b = load_held<typename C::W, VEC>(a.b + col);
     return p;
   }
 };
@@ -193,9 +194,11 @@ __device__ __forceinline__ void normalize_store(const ForwardArgs<C>& a, typenam
 #pragma unroll
     for (int k = 0; k < VEC; ++k) y[k] *= weight_scale<C>(A(acc_at(p.w, k)), a.offset);
   }
-  if (a.b != nullptr) {
+  if constexpr (C::centered) {
+    if (a.b != nullptr) {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) y[k] += A(acc_at(p.b, k));
+      for (int k = 0; k < VEC; ++k) y[k] += A(acc_at(p.b, k));
+    }
   }
   store_from_acc<T, VEC>(out + col, y);
 }
@@ -443,8 +446,8 @@ __global__ void __launch_bounds__(kSweepThreads)
 // add_rms_norm's rows too wide for one block's registers but within a cluster's: a thread-block
 // cluster of blocks (sm_90) per row, each keeping its share of the row in registers (vectors dealt to the
 // blocks in turn, so the shares differ by at most one vector per thread). Each block sums its
-// share, publishes the sums in its shared memory, and after a cluster barrier every block adds
-// all the blocks' sums in rank order through distributed shared memory: the same totals, bit
+// share and sends the sums to every block of the cluster through distributed shared memory
+// (cluster_sum), and every block adds all the blocks' sums in rank order: the same totals, bit
 // for bit, in every block. One read of each input and one write of each output however wide
 // the row, where the sweeping kernels read wide rows again for each statistic and a row of 256K
 // bf16 values does not stay in L2 between the reads.
@@ -474,44 +477,157 @@ __device__ __forceinline__ unsigned cluster_blocks() {
 #endif
   return r;
 }
-// The two halves of a cluster barrier: arrive (release: this block's shared-memory writes
-// become visible to the cluster) and wait (acquire) for every block's arrival.
-__device__ __forceinline__ void cluster_arrive() {
+// Every cluster barrier here is relaxed (it orders no memory access): it only tells a block that
+// every block of its cluster has started, so that their inboxes (below) are ready. A release
+// arrive, which a pull of other blocks' sums through distributed shared memory would need, is a
+// GPU-scope memory barrier on sm_90 (MEMBAR.ALL.GPU): it waits for every global store the block
+// still has in flight.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
 #ifdef FUSEDOPS_CLUSTERS
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void cluster_wait() {
 #ifdef FUSEDOPS_CLUSTERS
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 #endif
 }
 
-// `slot` (in this block's shared memory) as seen from the block of cluster rank `rank`.
-template <typename A>
-__device__ __forceinline__ A load_cluster_shared(const A* slot, unsigned rank) {
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar) {
 #ifdef FUSEDOPS_CLUSTERS
-  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(slot));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  A v;
-  if constexpr (sizeof(A) == 8) {
-    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote) : "memory");
-  } else {
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  }
-  return v;
-#else
-  return *slot;
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)) : "memory");
+#endif
+}
+// The async proxy (the copy engine) sees this thread's earlier shared-memory accesses: the
+// barriers' initialisation, and the generic reads of a stage it is about to overwrite.
+__device__ __forceinline__ void fence_proxy_async() {
+#ifdef FUSEDOPS_CLUSTERS
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+// The barrier's one arrival of a phase, which completes once `bytes` more have landed.
+__device__ __forceinline__ void mbarrier_arrive_expect(uint64_t* bar, uint32_t bytes) {
+#ifdef FUSEDOPS_CLUSTERS
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory into
+// shared memory; the copy completes a phase of `bar` together with the thread's arrival.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  mbarrier_arrive_expect(bar, bytes);
+#ifdef FUSEDOPS_CLUSTERS
+  if (bytes > 0)
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     shared_address(dst)),
+                 "l"(src), "r"(bytes), "r"(shared_address(bar))
+                 : "memory");
+#endif
+}
+// Waits for the phase of `bar` with this parity to complete.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+#ifdef FUSEDOPS_CLUSTERS
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(shared_address(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
 #endif
 }
 
-// Sums K values over the cluster's threads: returns them in v, the same in every thread.
-// `warps` (K x kClusterThreads / 32 values) and `totals` (K) are this block's scratch; `slot` (K)
-// publishes its sums: the caller keeps a slot unwritten until every block has read it (a slot
-// per call, or one barrier between a read and the next write).
+// A block's inbox for the row sums of its cluster's blocks. Each block pushes its K sums into
+// every block's inbox (st.async into distributed shared memory), which completes bytes of the
+// receiver's mbarrier; a block reads its inbox once its barrier's phase completes. That needs
+// no release barrier, and no barrier at all beyond the one that first publishes the inboxes
+// (cluster_inbox_init): no block leaves before every push into it has landed, and none reads
+// another's shared memory. Exchanges alternate between the two halves, so a block may run
+// one exchange ahead of another: it cannot send exchange e + 2 before it has received every
+// block's e + 1, which each block sends only after it has read e.
+// H200, bf16 forward TB/s, against the pull behind release barriers, alternating runs of one
+// scratch build (2026-12-01): add_rms_norm 3.59 -> 3.93 at 2048x32768, 3.57 -> 4.04 at 4096x24576
+// and 3.46 -> 3.92 at 1024x65536 (with its weights loaded in one batch, below); the staged
+// forward at 2048x32768 / 512x131072 / 256x262144, rms_norm 3.36 / 3.26 / 3.16 -> 3.49 / 3.46 /
+// 3.31 and layer_norm 3.16 / 3.02 / 2.90 -> 3.27 / 3.16 / 3.02.
+template <typename A, int K>
+struct ClusterInbox {
+  A sums[2][kMaxBackwardCluster][K];  // [exchange % 2][sender's rank][k]
+  uint64_t bar[2];
+};
+
+// Readies the inbox and arrives at the cluster barrier that publishes it: every thread calls
+// this once, and cluster_wait() before its first exchange.
+template <typename A, int K>
+__device__ __forceinline__ void cluster_inbox_init(ClusterInbox<A, K>& box) {
+  if (threadIdx.x == 0) {
+    mbarrier_init(&box.bar[0]);
+    mbarrier_init(&box.bar[1]);
+#ifdef FUSEDOPS_CLUSTERS
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+  }
+  cluster_arrive_relaxed();
+}
+
+// `local` (in this block's shared memory) as the block of cluster rank `rank` has it.
+__device__ __forceinline__ uint32_t cluster_address(const void* local, unsigned rank) {
+  uint32_t remote = shared_address(local);
+#ifdef FUSEDOPS_CLUSTERS
+  asm volatile("mapa.shared::cluster.u32 %0, %0, %1;" : "+r"(remote) : "r"(rank));
+#endif
+  return remote;
+}
+
+template <typename A>
+__device__ __forceinline__ void push_to_cluster(uint32_t remote_slot, A v, uint32_t remote_bar) {
+#ifdef FUSEDOPS_CLUSTERS
+  if constexpr (sizeof(A) == 8) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(remote_slot),
+                 "l"(__double_as_longlong(v)), "r"(remote_bar)
+                 : "memory");
+  } else {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote_slot),
+                 "r"(__float_as_uint(v)), "r"(remote_bar)
+                 : "memory");
+  }
+#endif
+}
+
+// Warp 0 only: sends this block's K values to every block of the cluster and receives theirs;
+// lane r gets block r's values in `got` (zeros past the cluster's blocks). `exchange` counts
+// this block's exchanges through `box` from 0.
 template <int K, typename A>
-__device__ __forceinline__ void cluster_sum(A (&v)[K], A* warps, A* slot, A* totals) {
+__device__ __forceinline__ void cluster_exchange(const A (&mine)[K], A (&got)[K], ClusterInbox<A, K>& box,
+                                                 int exchange) {
+  const int lane = threadIdx.x & 31;
+  const unsigned blocks = cluster_blocks(), rank = cluster_rank();
+  if (blocks == 1) {  // (a cluster of one: nothing to send)
+#pragma unroll
+    for (int k = 0; k < K; ++k) got[k] = lane == 0 ? mine[k] : A(0);
+    return;
+  }
+  const int half = exchange & 1;
+  if (lane == 0) mbarrier_arrive_expect(&box.bar[half], uint32_t(blocks * K * sizeof(A)));
+  if (unsigned(lane) < blocks) {
+    const uint32_t bar = cluster_address(&box.bar[half], unsigned(lane));
+#pragma unroll
+    for (int k = 0; k < K; ++k) push_to_cluster(cluster_address(&box.sums[half][rank][k], unsigned(lane)), mine[k], bar);
+  }
+  mbarrier_wait(&box.bar[half], uint32_t(exchange >> 1) & 1u);
+#pragma unroll
+  for (int k = 0; k < K; ++k) got[k] = unsigned(lane) < blocks ? box.sums[half][lane][k] : A(0);
+}
+
+// Sums K values over the cluster's threads: returns them in v, the same in every thread, bit
+// for bit (every block adds the blocks' sums in the same butterfly). `warps` (K x
+// kClusterThreads / 32 values) and `totals` (K) are this block's scratch.
+template <int K, typename A>
+__device__ __forceinline__ void cluster_sum(A (&v)[K], A* warps, ClusterInbox<A, K>& box, int exchange, A* totals) {
   constexpr int kWarps = kClusterThreads / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -521,22 +637,14 @@ __device__ __forceinline__ void cluster_sum(A (&v)[K], A* warps, A* slot, A* tot
   }
   __syncthreads();
   if (warp == 0) {
+    A mine[K], got[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) mine[k] = warp_sum(lane < kWarps ? warps[k * kWarps + lane] : A(0));
+    cluster_exchange(mine, got, box, exchange);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const A w = warp_sum(lane < kWarps ? warps[k * kWarps + lane] : A(0));
-      if (lane == 0) slot[k] = w;
-    }
-  }
-  cluster_arrive();
-  cluster_wait();
-  if (warp == 0) {
-    // Lane r reads block r's sum (all remote loads in flight at once; at most 16 blocks), then
-    // the warp adds them in a fixed butterfly: the same order, so the same total, in every block.
-    const unsigned blocks = cluster_blocks();
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const A s = warp_sum(unsigned(lane) < blocks ? load_cluster_shared(slot + k, unsigned(lane)) : A(0));
-      if (lane == 0) totals[k] = s;
+      const A t = warp_sum(got[k]);
+      if (lane == 0) totals[k] = t;
     }
   }
   __syncthreads();
@@ -544,18 +652,18 @@ __device__ __forceinline__ void cluster_sum(A (&v)[K], A* warps, A* slot, A* tot
   for (int k = 0; k < K; ++k) v[k] = totals[k];
 }
 
-// A centred row's mean and sum of squared deviations (m2) over the cluster's threads, through
-// one cluster barrier where two cluster_sum calls (the mean, then the deviations from it) wait
-// at two. Each block sums its own values and, around its own mean, their squared deviations,
-// publishes (count, sum, m2) in `slot` (3 values), and after the barrier every block merges the
-// blocks' triples the same way (the pairwise update of Chan, Golub and LeVeque:
-// m2 = sum_b m2_b + sum_b count_b (mean_b - mean)^2), so every block gets the same totals, bit
-// for bit, as stable as the two-pass form. `count`: this block's number of values, the same in
-// each of its threads; `thread_sum(mu, squared)`: this thread's sum of x - mu, or of its squares.
-// `warps` holds 2 x kClusterThreads / 32 values, `totals` 2; slots are reused as in cluster_sum.
+// A centred row's mean and sum of squared deviations (m2) over the cluster's threads, in one
+// exchange where two cluster_sum calls (the mean, then the deviations from it) would take two.
+// Each block sums its own values and, around its own mean, their squared deviations, sends
+// (count, sum, m2), and every block merges the blocks' triples the same way (the pairwise
+// update of Chan, Golub and LeVeque: m2 = sum_b m2_b + sum_b count_b (mean_b - mean)^2), so every
+// block gets the same totals, bit for bit, as stable as the two-pass form. `count`: this
+// block's number of values, the same in each of its threads; `thread_sum(mu, squared)`: this
+// thread's sum of x - mu, or of its squares. `warps` holds 2 x kClusterThreads / 32 values,
+// `totals` 2.
 template <typename A, typename ThreadSum>
-__device__ __forceinline__ void cluster_moments(A count, const ThreadSum& thread_sum, A* warps, A* slot, A* totals,
-                                                A& mean, A& m2) {
+__device__ __forceinline__ void cluster_moments(A count, const ThreadSum& thread_sum, A* warps, ClusterInbox<A, 3>& box,
+                                                int exchange, A* totals, A& mean, A& m2) {
   constexpr int kWarps = kClusterThreads / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   A s = warp_sum(thread_sum(A(0), false));
@@ -567,19 +675,10 @@ __device__ __forceinline__ void cluster_moments(A count, const ThreadSum& thread
   __syncthreads();
   if (warp == 0) {
     q = warp_sum(lane < kWarps ? warps[kWarps + lane] : A(0));
-    if (lane == 0) {
-      slot[0] = count;
-      slot[1] = s;
-      slot[2] = q;
-    }
-  }
-  cluster_arrive();
-  cluster_wait();
-  if (warp == 0) {
-    const bool mine = unsigned(lane) < cluster_blocks();
-    const A c = mine ? load_cluster_shared(slot, unsigned(lane)) : A(0);
-    const A sb = mine ? load_cluster_shared(slot + 1, unsigned(lane)) : A(0);
-    const A qb = mine ? load_cluster_shared(slot + 2, unsigned(lane)) : A(0);
+    const A mine[3] = {count, s, q};
+    A got[3];
+    cluster_exchange(mine, got, box, exchange);
+    const A c = got[0], sb = got[1], qb = got[2];
     const A mu = warp_sum(sb) / warp_sum(c);
     const A d = c > A(0) ? sb / c - mu : A(0);  // block lane's mean, as that block computed it, less mu
     const A m = warp_sum(qb + c * d * d);
@@ -615,7 +714,9 @@ __global__ void __launch_bounds__(kClusterThreads, kClusterForwardBlocks<VPT>)
   using R = typename C::R;
   using A = typename C::A;
   __shared__ A warps[kClusterThreads / 32];
-  __shared__ A slots[1], totals[1];
+  __shared__ A totals[1];
+  __shared__ ClusterInbox<A, 1> box;
+  cluster_inbox_init(box);
   const unsigned rank = cluster_rank(), blocks = cluster_blocks();
   const int64_t row = blockIdx.x / blocks;  // (32-bit division)
   const auto column = [&](int i) { return cluster_column<VEC>(i, blocks, rank); };
@@ -647,15 +748,22 @@ __global__ void __launch_bounds__(kClusterThreads, kClusterForwardBlocks<VPT>)
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
     if (column(i) < n) ss[0] += vec_sum<A, VEC>(hv[i], A(0), true);
-  cluster_sum(ss, warps, &slots[0], totals);
-  cluster_arrive();  // this block has read every slot it will read
+  cluster_wait();  // every block's inbox is ready
+  cluster_sum(ss, warps, box, 0, totals);
+  // Every weight vector is loaded before the first store (which the compiler would not move a
+  // load past): one wait on the cache instead of one a vector. 3.59-3.60 -> 3.69-3.70 TB/s at
+  // 2048x32768 bf16 on the H200 (alternating runs, 2026-12-01, sums still pulled); loaded before
+  // the exchange, they cost more than they hid (3.48).
+  Params<C, VEC> pv[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    if (column(i) < n) pv[i] = Params<C, VEC>::load(a, column(i));
   const A rs = rsqrt_acc(ss[0] / A(n) + eps);
   if (rank == 0 && threadIdx.x == 0) a.rstd[row] = rs;
   T* yr = a.y + row * n;
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
-    if (column(i) < n) normalize_store<C, VEC>(a, yr, hv[i], column(i), A(0), rs);
-  cluster_wait();  // no block leaves while another may still read its slots
+    if (column(i) < n) normalize_store<C, VEC>(a, yr, hv[i], column(i), A(0), rs, pv[i]);
 }
 
 // Forward of rows wider than a block caches, through shared memory (sm_90; rms_norm and
@@ -676,48 +784,6 @@ __global__ void __launch_bounds__(kClusterThreads, kClusterForwardBlocks<VPT>)
 // 2.50 -> 2.91.
 constexpr int kStagedChunkBytes = 64 * 1024;
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar) {
-#ifdef FUSEDOPS_CLUSTERS
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)) : "memory");
-#endif
-}
-// The async proxy (the copy engine) sees this thread's earlier shared-memory accesses: the
-// barriers' initialisation, and the generic reads of a stage it is about to overwrite.
-__device__ __forceinline__ void fence_proxy_async() {
-#ifdef FUSEDOPS_CLUSTERS
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
-// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory into
-// shared memory; the copy completes a phase of `bar` together with the thread's arrival.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#ifdef FUSEDOPS_CLUSTERS
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
-               : "memory");
-  if (bytes > 0)
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     shared_address(dst)),
-                 "l"(src), "r"(bytes), "r"(shared_address(bar))
-                 : "memory");
-#endif
-}
-// Waits for the phase of `bar` with this parity to complete.
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-#ifdef FUSEDOPS_CLUSTERS
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(shared_address(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-#endif
-}
-
 template <typename C, int VEC>
 __global__ void __launch_bounds__(kClusterThreads, 3)
     forward_staged_kernel(ForwardArgs<C> a, RowLayout rows, int64_t num_rows, int n, int chunk,
@@ -729,7 +795,8 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
   extern __shared__ __align__(128) unsigned char staged_shared[];
   __shared__ uint64_t bar;
   __shared__ A warps[2 * kClusterThreads / 32];
-  __shared__ A slots[2][3], totals[2];  // slots: one set a row, two in turn (see cluster_sum)
+  __shared__ A totals[2];
+  __shared__ ClusterInbox<A, C::centered ? 3 : 1> box;
   const unsigned rank = cluster_rank(), blocks = cluster_blocks();
   const int64_t clusters = gridDim.x / blocks;
   const int col0 = int(rank) * chunk;
@@ -742,6 +809,8 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
     fence_proxy_async();
     if (row < num_rows) bulk_load(xs, a.x + rows.offset(row) + col0, bytes, &bar);
   }
+  cluster_inbox_init(box);
+  cluster_wait();  // every block's inbox is ready (and, after the block barrier, `bar`)
   __syncthreads();
   const A inv_n = A(1) / A(n);
   const auto thread_sum = [&](A m, bool squared) {
@@ -752,14 +821,13 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
   };
   for (int it = 0; row < num_rows; row += clusters, ++it) {
     mbarrier_wait(&bar, uint32_t(it) & 1u);
-    A* const slot = slots[it & 1];
     A mu = 0;
     A v[1];
     if constexpr (C::centered) {
-      cluster_moments(A(len), thread_sum, warps, slot, totals, mu, v[0]);
+      cluster_moments(A(len), thread_sum, warps, box, it, totals, mu, v[0]);
     } else {
       v[0] = thread_sum(A(0), true);
-      cluster_sum(v, warps, slot, totals);
+      cluster_sum(v, warps, box, it, totals);
     }
     const A rs = rsqrt_acc(fma(v[0], inv_n, eps));
     if (rank == 0 && threadIdx.x == 0) {
@@ -779,8 +847,6 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
       bulk_load(xs, a.x + rows.offset(row + clusters) + col0, bytes, &bar);
     }
   }
-  cluster_arrive();  // no block leaves while another may still read its slots
-  cluster_wait();
 }
 
 // The pointers and runtime options of one backward. Partials: null when that gradient is not
@@ -1114,10 +1180,8 @@ __global__ void __launch_bounds__(kBlock, VPT <= kBackwardVecs<C> ? 2 : 1)
 // The backward of rows too wide for a block to cache: a persistent grid of clusters, each
 // walking a fixed set of rows. Each block keeps its share of the row's x and grad_output in
 // registers (columns dealt as in the forward), and the parameter-gradient partials of its
-// columns across the rows it walks; the row sums go through the cluster (cluster_sum, two
-// slots alternating by row: a block writes a slot again only after the next row's barrier,
-// which every block reaches after reading it). Each cluster writes one row of the (clusters, n)
-// partial buffers, each column by one thread.
+// columns across the rows it walks; the row sums go through the cluster (cluster_sum). Each
+// cluster writes one row of the (clusters, n) partial buffers, each column by one thread.
 template <typename C, int VEC, int VPT>
 __global__ void __launch_bounds__(kClusterThreads, 1)
     backward_cluster_kernel(BackwardArgs<C> a, RowLayout dy_rows, RowLayout x_rows, GradResidualRows<C::add> dh_rows,
@@ -1127,7 +1191,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   using A = typename C::A;
   constexpr int kSums = C::centered ? 2 : 1;
   __shared__ A warps[kSums * kClusterThreads / 32];
-  __shared__ A slots[2][kSums], totals[kSums];
+  __shared__ A totals[kSums];
+  __shared__ ClusterInbox<A, kSums> box;
+  cluster_inbox_init(box);
   const unsigned rank = cluster_rank(), blocks = cluster_blocks();
   const unsigned cluster = blockIdx.x / blocks, clusters = gridDim.x / blocks;
   const auto column = [&](int i) { return cluster_column<VEC>(i, blocks, rank); };
@@ -1141,7 +1207,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   for (int i = 0; i < (C::centered ? VPT : 1); ++i)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dbp[i][k] = 0;
-  int parity = 0;
+  cluster_wait();  // every block's inbox is ready
+  int exchange = 0;
   for (int64_t row = cluster; row < num_rows; row += clusters) {  // uniform across the cluster
     const R* xr = a.x + x_rows.offset(row);
     const T* gr = a.dy + dy_rows.offset(row);
@@ -1159,8 +1226,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
       if (column(i) < n) add_row_sums<C, VEC>(sums, xv[i], gv[i], a.w, column(i), mu, a.offset);
-    cluster_sum(sums, warps, slots[parity], totals);
-    parity ^= 1;
+    cluster_sum(sums, warps, box, exchange++, totals);
     const RowGrad<C> rg = row_grad<C>(a, dh_rows, row, n, sums, mu, a.rstd[row], inv_n);
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
@@ -1168,7 +1234,6 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
         grad_input_store<C, VEC>(rg, xv[i], gv[i], load_grad_residual<C, VEC>(rg.dh, column(i)), a.w, column(i),
                                  a.offset, dwp[i], dbp[C::centered ? i : 0]);
   }
-  cluster_arrive();  // (the last row's slots: released once every block has read them)
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     if (column(i) >= n) continue;
@@ -1176,7 +1241,6 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     if constexpr (C::centered)
       if (a.db_partial != nullptr) store_acc<A, VEC>(a.db_partial + int64_t(cluster) * n + column(i), dbp[i]);
   }
-  cluster_wait();
 }
 
 // The sweeping backward (wide or unaligned rows): blockDim.x threads per row, blockDim.y row
