@@ -130,17 +130,19 @@ def test_wide_rows(info, n, dtype):
     check_against_reference(info, info.sample_for_shape("cuda", dtype, (3, n), requires_grad=True), dtype)
 
 
-# Rows wider than a block caches go forward through the staged cluster kernel on sm_90, whose
-# clusters are persistent: more rows than resident clusters, so that each cluster walks several
-# rows and refills its shared memory for each (2 and 4 blocks a cluster).
+# Rows wider than a block caches run on sm_90 in persistent clusters (rms_norm's and
+# layer_norm's staged forward, every norm's backward): more rows than resident clusters, so that
+# each cluster walks several rows, refilling its shared memory and exchanging its row sums for
+# each, through the two halves of its blocks' inboxes in turn (2 and 4 blocks a cluster forward).
 STAGED_SHAPES = [(600, 40960), (300, 131072)]
 
 
 @pytest.mark.parametrize("shape", STAGED_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("info", [pytest.param(OP_TESTS_BY_NAME[name], id=name) for name in ("rms_norm", "layer_norm")])
+@pytest.mark.parametrize("info", NORMS)
 def test_wide_rows_many_per_cluster(info, shape):
-    """Forward values of many wide rows against the fp64 reference."""
-    check_against_reference(info, info.sample_for_shape("cuda", torch.bfloat16, shape, requires_grad=False), torch.bfloat16)
+    """Values and gradients of many wide rows against the fp64 reference."""
+    sample = info.sample_for_shape("cuda", torch.bfloat16, shape, requires_grad=True)
+    check_against_reference(info, sample, torch.bfloat16)
 
 
 # layer_norm's cluster kernels merge each block's mean and squared deviations into the row's.

@@ -225,17 +225,29 @@ struct RowCoefs {
   A lse, cp, ct, cw;
 };
 
+// What scales every row's loss and gradient: 1 / the mean's denominators (of the loss and of
+// z_loss) and the sum of the class weights. Loaded from memory, so a kernel loads them before
+// its row's barrier, where the wait costs nothing.
+template <typename A>
+struct Scales {
+  A sw, sn, W;
+};
+
+template <typename A>
+__device__ __forceinline__ Scales<A> load_scales(const Args<A>& a) {
+  // (the hardware reciprocal: an IEEE division's slow-path call costs registers and spills)
+  return {a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[0]) : A(1),
+          a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[1]) : A(1), a.weighted ? a.stats[2] : A(a.V)};
+}
+
 template <typename T, typename A>
-__device__ __forceinline__ RowCoefs<T, A> finish_row(const Args<A>& a, int64_t row, int64_t t, A m, A s, A wx,
-                                                     A xt, bool write) {
+__device__ __forceinline__ RowCoefs<T, A> finish_row(const Args<A>& a, const Scales<A>& sc, int64_t row, int64_t t,
+                                                     A m, A s, A wx, A xt, bool write) {
   const bool valid = t >= 0 && t < a.V;
   RowCoefs<T, A> c;
   c.lse = m + a_log(s);
   const A wt = valid ? (a.weighted ? weight_at<T>(a, t) : A(1)) : quiet_nan<A>();
-  // (the hardware reciprocal: an IEEE division's slow-path call costs registers and spills)
-  const A sw = a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[0]) : A(1);
-  const A sn = a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[1]) : A(1);
-  const A W = a.weighted ? a.stats[2] : A(a.V);
+  const A sw = sc.sw, sn = sc.sn, W = sc.W;
   const A inv_v = a.inv_v;
   if (write) {
     A ce = (A(1) - a.eps) * wt * (c.lse - xt);
@@ -429,8 +441,17 @@ __global__ void __launch_bounds__(kThreads, kOptions && VPT == 8 ? 1 : 2) row_ke
   __shared__ A sh[kShared];
   const unsigned rank = cluster_rank(), blocks = cluster_blocks();
   const int64_t row = blockIdx.x / blocks;
-  const int64_t t = target_at(a.target, a.target32, row);
   const auto column = [&](int i) { return int64_t(((i * int(blocks) + int(rank)) * kThreads + int(threadIdx.x)) * VEC); };
+  const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
+  // Held packed (cuda_utils.cuh, load_held): a Vec of 16-bit values is split per element at
+  // its (conditional) load, which made each thread wait for one load before issuing the next.
+  // Issued before the target is known: an ignored row is then read for nothing, where waiting
+  // for the target first held every row's loads back by a trip to memory.
+  Held<T, VEC> xv[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    if (column(i) < a.V) xv[i] = load_held<T, VEC>(x + column(i));
+  const int64_t t = target_at(a.target, a.target32, row);
   T* g = kGrad ? static_cast<T*>(a.grad) + a.grad_rows.offset(row) : nullptr;
   if (t == a.ignore_index) {  // the whole cluster takes this branch, before its barrier
     if (rank == 0 && threadIdx.x == 0) {
@@ -446,20 +467,14 @@ __global__ void __launch_bounds__(kThreads, kOptions && VPT == 8 ? 1 : 2) row_ke
   }
   __shared__ ClusterInbox<A, 3> box;
   if (blocks > 1) cluster_inbox_init(box);
-  const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
-  // Held packed (cuda_utils.cuh, load_held): a Vec of 16-bit values is split per element at
-  // its (conditional) load, which made each thread wait for one load before issuing the next.
-  Held<T, VEC> xv[VPT];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i)
-    if (column(i) < a.V) xv[i] = load_held<T, VEC>(x + column(i));
   const bool writer = rank == 0 && threadIdx.x == 0;
   const A xt = writer ? target_logit(a, x, t) : A(0);  // (before the barrier: in place, x is overwritten after it)
   const auto live = [&](int i) { return column(i) < a.V; };
   A m, s, wx;
+  const Scales<A> sc = load_scales(a);
   share_stats<T, VPT, kOptions, VEC>(a, xv, live, column, m, s, wx);
   row_combine(m, s, wx, sh, blocks > 1 ? &box : nullptr);
-  const RowCoefs<T, A> c = finish_row<T>(a, row, t, m, s, wx, xt, writer);
+  const RowCoefs<T, A> c = finish_row<T>(a, sc, row, t, m, s, wx, xt, writer);
   if constexpr (kGrad) {
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
@@ -543,7 +558,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   warp_combine(m, s, wx);
   const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
   const A xt = lane == 0 ? target_logit(a, x, t) : A(0);
-  finish_row<T>(a, row, t, m, s, wx, xt, lane == 0);
+  finish_row<T>(a, load_scales(a), row, t, m, s, wx, xt, lane == 0);
 }
 
 // The sweeping kernel: a block per row, the row read once for its statistics (online) and again
@@ -601,7 +616,7 @@ __global__ void __launch_bounds__(kThreads) sweep_kernel(const Args<acc_t<T>> a)
   }
   const A xt = threadIdx.x == 0 ? target_logit(a, x, t) : A(0);  // (before the barrier, as above)
   row_combine<A>(m, s, wx, sh, nullptr);
-  const RowCoefs<T, A> c = finish_row<T>(a, row, t, m, s, wx, xt, threadIdx.x == 0);
+  const RowCoefs<T, A> c = finish_row<T>(a, load_scales(a), row, t, m, s, wx, xt, threadIdx.x == 0);
   if constexpr (kGrad) {
     for (int64_t j = int64_t(threadIdx.x) * VEC; j < V; j += int64_t(kThreads) * VEC) {
       if constexpr (VEC > 1) {
