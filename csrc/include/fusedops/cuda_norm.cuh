@@ -616,7 +616,8 @@ __device__ __forceinline__ void cluster_exchange(const A (&mine)[K], A (&got)[K]
   if (unsigned(lane) < blocks) {
     const uint32_t bar = cluster_address(&box.bar[half], unsigned(lane));
 #pragma unroll
-    for (int k = 0; k < K; ++k) push_to_cluster(cluster_address(&box.sums[half][rank][k], unsigned(lane)), mine[k], bar);
+    for (int k = 0; k < K; ++k)
+      push_to_cluster(cluster_address(&box.sums[half][rank][k], unsigned(lane)), mine[k], bar);
   }
   mbarrier_wait(&box.bar[half], uint32_t(exchange >> 1) & 1u);
 #pragma unroll
@@ -750,20 +751,25 @@ __global__ void __launch_bounds__(kClusterThreads, kClusterForwardBlocks<VPT>)
     if (column(i) < n) ss[0] += vec_sum<A, VEC>(hv[i], A(0), true);
   cluster_wait();  // every block's inbox is ready
   cluster_sum(ss, warps, box, 0, totals);
-  // Every weight vector is loaded before the first store (which the compiler would not move a
-  // load past): one wait on the cache instead of one a vector. 3.59-3.60 -> 3.69-3.70 TB/s at
-  // 2048x32768 bf16 on the H200 (alternating runs, 2026-12-01, sums still pulled); loaded before
-  // the exchange, they cost more than they hid (3.48).
-  Params<C, VEC> pv[VPT];
+  // 16-bit weight vectors are loaded in one batch before the first store (which the compiler
+  // would not move a load past): one wait on the cache instead of one a vector. 3.59-3.60 ->
+  // 3.69-3.70 TB/s at 2048x32768 bf16 on the H200 (alternating runs, 2026-12-01, sums still
+  // pulled); loaded before the exchange, they cost more than they hid (3.48). A float32 weight's
+  // batch would spill (72 bytes at four vectors a thread): it loads a vector at a time.
+  constexpr bool kBatch = sizeof(typename C::W) == 2;
+  Params<C, VEC> pv[kBatch ? VPT : 1];
+  if constexpr (kBatch) {
 #pragma unroll
-  for (int i = 0; i < VPT; ++i)
-    if (column(i) < n) pv[i] = Params<C, VEC>::load(a, column(i));
+    for (int i = 0; i < VPT; ++i)
+      if (column(i) < n) pv[i] = Params<C, VEC>::load(a, column(i));
+  }
   const A rs = rsqrt_acc(ss[0] / A(n) + eps);
   if (rank == 0 && threadIdx.x == 0) a.rstd[row] = rs;
   T* yr = a.y + row * n;
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
-    if (column(i) < n) normalize_store<C, VEC>(a, yr, hv[i], column(i), A(0), rs, pv[i]);
+    if (column(i) < n)
+      normalize_store<C, VEC>(a, yr, hv[i], column(i), A(0), rs, kBatch ? pv[i] : Params<C, VEC>::load(a, column(i)));
 }
 
 // Forward of rows wider than a block caches, through shared memory (sm_90; rms_norm and
@@ -881,20 +887,25 @@ struct GradResidualRows<true> {
 // The row sums the backward needs from VEC values: sum(g * (x - mu)) and, with K = 2 (centred),
 // sum(g); g = dy * scale(w). From the output the weight is left out: sum(dy * y), which is
 // sum(g * xhat).
-template <typename C, int VEC, int K, typename V, typename G>
-__device__ __forceinline__ void add_row_sums(typename C::A (&sums)[K], const V& xv, const G& gv,
-                                             const typename C::W* w, int64_t col, typename C::A mu,
-                                             typename C::A offset) {
+template <typename C, int VEC, int K, typename V, typename G, typename WV>
+__device__ __forceinline__ void add_row_sums(typename C::A (&sums)[K], const V& xv, const G& gv, const WV& wv,
+                                             bool weighted, typename C::A mu, typename C::A offset) {
   using A = typename C::A;
-  if constexpr (C::from_output) w = nullptr;
-  Vec<typename C::W, VEC> wv;
-  if (w != nullptr) wv = load_vec_ldg<typename C::W, VEC>(w + col);
+  if constexpr (C::from_output) weighted = false;
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
-    const A g = w != nullptr ? acc_at(gv, k) * weight_scale<C>(A(to_acc(wv.v[k])), offset) : acc_at(gv, k);
+    const A g = weighted ? acc_at(gv, k) * weight_scale<C>(A(acc_at(wv, k)), offset) : acc_at(gv, k);
     sums[0] += g * (acc_at(xv, k) - mu);
     if constexpr (K > 1) sums[1] += g;
   }
+}
+
+// The weight's VEC values at `col` (nothing loaded without a weight), held packed.
+template <typename C, int VEC>
+__device__ __forceinline__ Held<typename C::W, VEC> load_weight(const typename C::W* w, int64_t col) {
+  Held<typename C::W, VEC> h{};
+  if (w != nullptr) h = load_held<typename C::W, VEC>(w + col);
+  return h;
 }
 
 // What grad_input_store needs of its row: grad_input = rs * (g - c0 - c1 * xq) (+ dh), where
@@ -956,23 +967,21 @@ __device__ __forceinline__ Held<typename C::R, VEC> load_grad_residual(const typ
 // values (load_grad_residual), added when the row has them. The partials are always accumulated
 // (a few FMAs) rather than behind a runtime pointer test, which would push the register arrays
 // they live in to local memory.
-template <typename C, int VEC, typename V, typename G, typename H>
+template <typename C, int VEC, typename V, typename G, typename H, typename WV>
 __device__ __forceinline__ void grad_input_store(const RowGrad<C>& r, const V& xv, const G& gv, const H& dhv,
-                                                 const typename C::W* w, int64_t col, typename C::A offset,
-                                                 typename C::A (&dwp)[VEC], typename C::A (&dbp)[VEC]) {
+                                                 const WV& wv, bool weighted, typename C::A offset,
+                                                 int64_t col, typename C::A (&dwp)[VEC], typename C::A (&dbp)[VEC]) {
   using T = typename C::T;
   using R = typename C::R;
   using A = typename C::A;
   A dxv[VEC];
-  Vec<typename C::W, VEC> wv;
-  if (w != nullptr) wv = load_vec_ldg<typename C::W, VEC>(w + col);
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
     A xq = acc_at(xv, k) - r.mu;
     const A dyk = acc_at(gv, k);
-    const A g = w != nullptr ? dyk * weight_scale<C>(A(to_acc(wv.v[k])), offset) : dyk;
+    const A g = weighted ? dyk * weight_scale<C>(A(acc_at(wv, k)), offset) : dyk;
     if constexpr (C::from_output)
-      if (w != nullptr) xq *= rcp_acc(weight_scale<C>(A(to_acc(wv.v[k])), offset));
+      if (weighted) xq *= rcp_acc(weight_scale<C>(A(acc_at(wv, k)), offset));
     dxv[k] = r.rs * (g - r.c0 - r.c1 * xq);
     dwp[k] += dyk * (xq * r.xs);
     if constexpr (C::centered) dbp[k] += dyk;
@@ -1148,13 +1157,29 @@ __global__ void __launch_bounds__(kBlock, VPT <= kBackwardVecs<C> ? 2 : 1)
         if constexpr (C::add) hv[i] = load_grad_residual<C, VEC>(hr, col);
       }
     }
+    // The weight's vectors in one batch, held through the row: loaded where each is used, each
+    // load waited on the cache before the next could issue, twice a row. (Not a float32 weight
+    // at eight vectors a thread, where the batch would spill.)
+    constexpr bool kBatch = sizeof(typename C::W) == 2 || VPT <= 4;
+    Held<typename C::W, VEC> wv[kBatch ? VPT : 1];
+    if constexpr (kBatch) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int col = (i * TPR + lane) * VEC;
+        if (active && col < n) wv[i] = load_weight<C, VEC>(a.w, col);
+      }
+    }
+    const auto weight = [&](int i, int col) {
+      if constexpr (kBatch) return wv[i];
+      else return load_weight<C, VEC>(a.w, col);
+    };
     const A mu = C::centered && active ? a.mean[row] : A(0);
     const A rs = active ? a.rstd[row] : A(0);  // (loaded now: needed only after the reduction)
     A sums[kSums] = {};
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (active && col < n) add_row_sums<C, VEC>(sums, xv[i], gv[i], a.w, col, mu, a.offset);
+      if (active && col < n) add_row_sums<C, VEC>(sums, xv[i], gv[i], weight(i, col), a.w != nullptr, mu, a.offset);
     }
     group_sum<TPR>(sums, scratch[parity]);
     parity ^= 1;
@@ -1165,7 +1190,8 @@ __global__ void __launch_bounds__(kBlock, VPT <= kBackwardVecs<C> ? 2 : 1)
       const int col = (i * TPR + lane) * VEC;
       if (col < n)
         partials.update(i, [&](A(&dwp)[VEC], A(&dbp)[VEC]) {
-          grad_input_store<C, VEC>(rg, xv[i], gv[i], hv[C::add ? i : 0], a.w, col, a.offset, dwp, dbp);
+          grad_input_store<C, VEC>(rg, xv[i], gv[i], hv[C::add ? i : 0], weight(i, col), a.w != nullptr, a.offset,
+                                   col, dwp, dbp);
         });
     }
   }
@@ -1225,14 +1251,16 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     A sums[kSums] = {};
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
-      if (column(i) < n) add_row_sums<C, VEC>(sums, xv[i], gv[i], a.w, column(i), mu, a.offset);
+      if (column(i) < n)
+        add_row_sums<C, VEC>(sums, xv[i], gv[i], load_weight<C, VEC>(a.w, column(i)), a.w != nullptr, mu, a.offset);
     cluster_sum(sums, warps, box, exchange++, totals);
     const RowGrad<C> rg = row_grad<C>(a, dh_rows, row, n, sums, mu, a.rstd[row], inv_n);
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
       if (column(i) < n)
-        grad_input_store<C, VEC>(rg, xv[i], gv[i], load_grad_residual<C, VEC>(rg.dh, column(i)), a.w, column(i),
-                                 a.offset, dwp[i], dbp[C::centered ? i : 0]);
+        grad_input_store<C, VEC>(rg, xv[i], gv[i], load_grad_residual<C, VEC>(rg.dh, column(i)),
+                                 load_weight<C, VEC>(a.w, column(i)), a.w != nullptr, a.offset, column(i), dwp[i],
+                                 dbp[C::centered ? i : 0]);
   }
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
@@ -1274,7 +1302,8 @@ __global__ void __launch_bounds__(kSweepThreads)
     A sums[C::centered ? 2 : 1] = {};
     if (active)
       for (int64_t col = threadIdx.x * VEC; col < n; col += step)
-        add_row_sums<C, VEC>(sums, load_vec<R, VEC>(xr + col), load_vec<T, VEC>(gr + col), a.w, col, mu, a.offset);
+        add_row_sums<C, VEC>(sums, load_vec<R, VEC>(xr + col), load_vec<T, VEC>(gr + col),
+                             load_weight<C, VEC>(a.w, col), a.w != nullptr, mu, a.offset);
     sums[0] = row_sum(sums[0], scratch);
     if constexpr (C::centered) sums[1] = row_sum(sums[1], scratch);
     if (!active) continue;
@@ -1282,8 +1311,8 @@ __global__ void __launch_bounds__(kSweepThreads)
     for (int64_t col = threadIdx.x * VEC; col < n; col += step) {
       A dwp[VEC] = {}, dbp[VEC] = {};
       grad_input_store<C, VEC>(rg, load_vec<R, VEC>(xr + col), load_vec<T, VEC>(gr + col),
-                               load_grad_residual<C, VEC>(rg.dh, col), a.w, col, a.offset, dwp,
-                               dbp);
+                               load_grad_residual<C, VEC>(rg.dh, col), load_weight<C, VEC>(a.w, col), a.w != nullptr,
+                               a.offset, col, dwp, dbp);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         if (dw_row != nullptr) dw_row[col + k] += dwp[k];
