@@ -81,14 +81,6 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
   }
 }
 
-// Read-only data reused by many blocks (a norm's weight). A plain load of the whole vector:
-// through a const __restrict__ pointer the compiler already uses the non-coherent path, and
-// punning a uint4 array into Vec would put it in local memory.
-template <typename T, int N>
-__device__ __forceinline__ Vec<T, N> load_vec_ldg(const T* __restrict__ p) {
-  return *reinterpret_cast<const Vec<T, N>*>(p);
-}
-
 // One 16-byte store. Written as PTX because the compiler, unable to prove the alignment of a
 // computed address, otherwise splits it into four 4-byte stores (a 25% bandwidth loss).
 __device__ __forceinline__ void store16(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
