@@ -26,9 +26,12 @@ for backend in cuda triton; do
     echo "tests ($backend): $(tail -1 "$OUT/test-$backend.log")"
   fi
   if has sanitize; then
+    # Not CUDA-graph capture: under compute-sanitizer (H200, torch 2.11.0+cu130, 2026-12-01) every
+    # op's capture test fails in the autograd engine's wait of the legacy stream on the capturing
+    # one (cudaErrorStreamCaptureImplicit), each op alone too; outside the sanitizer they pass.
     FUSEDOPS_BACKEND=$backend timeout 500 compute-sanitizer --tool memcheck --error-exitcode 9 \
       python3 -m pytest -m gpu tests/test_ops.py tests/test_cuda.py -q -p no:cacheprovider \
-      -k "not 2_31 and not compile and not gradcheck" >"$OUT/sanitizer-$backend.log" 2>&1 || status=1
+      -k "not 2_31 and not compile and not gradcheck and not graph" >"$OUT/sanitizer-$backend.log" 2>&1 || status=1
     echo "compute-sanitizer ($backend): $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$backend.log" | tail -1) $(tail -1 "$OUT/sanitizer-$backend.log")"
   fi
 done

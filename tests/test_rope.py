@@ -311,6 +311,37 @@ def test_positions_out_of_range_gpu_kernels_write_nan():
         assert torch.equal(out[:, :, 1:, 16:], x[:, :, 1:, 16:])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("heads", [(32, 8), (10, 5), (3, 3), (6, 1)])
+def test_many_positions_gpu(heads, layout, dtype):
+    """Enough positions and heads for many blocks, in the walk that visits a position's q and k
+    heads together (full rotary, cos/sin per (batch, position)), with head counts that leave a
+    partial group of heads, and a single kv head; forward and backward against float64."""
+    Hq, Hk = heads
+    B, S, D = 3, 67, 64
+    shape = (lambda H: (B, S, H, D)) if layout == "bshd" else (lambda H: (B, H, S, D))
+    q = torch.randn(shape(Hq), device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(shape(Hk), device="cuda", dtype=dtype, requires_grad=True)
+    angles = torch.rand(B, S, D // 2, device="cuda", dtype=torch.float64) * 2 * math.pi
+    cos, sin = torch.cat((angles, angles), -1).cos().to(dtype), torch.cat((angles, angles), -1).sin().to(dtype)
+    q_out, k_out = fusedops.rope(q, k, cos, sin, layout=layout)
+    gq, gk = torch.randn_like(q_out), torch.randn_like(k_out)
+    dq, dk = torch.autograd.grad((q_out, k_out), (q, k), (gq, gk))
+    view = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t)
+    qd, kd = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+    want = reference(view(qd), view(kd), cos.double(), sin.double())
+    want_grad = torch.autograd.grad(want, (qd, kd), (view(gq).double(), view(gk).double()))
+    # Each output is one rounding of an fp32 result: half a unit in the last place, 2^-9 of it
+    # for bf16 (2^-12 for fp16), well inside rtol.
+    for got, ref in zip((q_out, k_out), want):
+        torch.testing.assert_close(view(got).double(), ref.detach(), rtol=8e-3, atol=1e-3)
+    for got, ref in zip((dq, dk), want_grad):
+        torch.testing.assert_close(got.double(), ref, rtol=8e-3, atol=1e-3)
+
+
 # ---- RotaryEmbedding -------------------------------------------------------------------------
 
 

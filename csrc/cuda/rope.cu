@@ -34,17 +34,27 @@ namespace {
 
 using namespace fusedops::cuda;
 
-constexpr int kThreads = 256;
-// Resident blocks an SM: a task's loads are all its work, so latency is hidden by threads in
-// flight. Six (at most 40 registers a thread) for one head a task of bf16 with bf16 tables: in
-// a comparison of one-head variants (H200, LLaMA-3-8B shape, forward) 3.90 TB/s bhsd and 3.93
-// bshd, against 3.64 and 3.62 for an unbounded build that used 64 registers; eight (32
-// registers) spill; two or four tasks a thread, each loading its own cos/sin, were slower
-// (3.41, 3.47). Fewer where the conversions need more registers, and three for four heads a
-// task (heads_per_task), which hold four heads' chunks (no spills anywhere).
+// Threads a block, and resident blocks an SM: a task's loads are all its work, so latency is
+// hidden by threads in flight. Six 256-thread blocks (at most 40 registers a thread) for one
+// head a task of bf16 with bf16 tables: in a comparison of one-head variants (H200, LLaMA-3-8B
+// shape, forward) 3.90 TB/s bhsd and 3.93 bshd, against 3.64 and 3.62 for an unbounded build
+// that used 64 registers; eight (32 registers) spill; two or four tasks a thread, each loading
+// its own cos/sin, were slower (3.41, 3.47). Fewer where the conversions need more registers.
+// Four heads a task (heads_per_task) hold four heads' chunks (80 registers, no spills): six
+// 128-thread blocks, the same threads an SM as three of 256 but retired and replaced in smaller
+// steps, which helps partial rotary, whose pass-through tasks finish early (H200, LLaMA-3-8B
+// shape, bf16 forward, three alternating rounds of a scratch build with a switch, 2026-12-01:
+// partial 3.72-3.74 -> 3.81-3.83 TB/s, bshd 3.91-3.92 -> 3.93-3.94, bhsd and thd level at
+// 3.84-3.85 / 3.77-3.78). Against these, two heads a task (64 registers, four 256-thread or
+// eight 128-thread blocks) ran bhsd and bshd level but partial and thd 1-5% slower; with 64
+// registers four heads spill (104 bytes), and two at 48 (40 bytes).
+template <int G>
+__host__ __device__ constexpr int block_threads() {
+  return G > 1 ? 128 : 256;
+}
 template <typename T, typename C, int G>
 constexpr int min_blocks() {
-  if constexpr (G > 1) return 3;  // four heads' chunks held at once: 75-78 registers, no spills
+  if constexpr (G > 1) return 6;
   if constexpr (sizeof(C) > sizeof(T)) return 4;  // 16-bit q and k, float32 tables
   if constexpr (std::is_same_v<T, __half>) return 5;
   return 6;
@@ -98,8 +108,13 @@ struct Args {
   T* qo;
   T* ko;
   RowWalk walk[2];        // q's, k's
-  uint32_t q_tasks, tasks;  // q's tasks come first
+  uint32_t q_tasks, tasks;  // q's tasks come first, unless `joint`
   FastDiv units;          // per row: rotary units, then pass-through units
+  // Positions visited once for q and k together: a position's q head groups, then its k head
+  // groups (`groups` of them, q_groups of q's), the heads fastest in both walks.
+  bool joint;
+  FastDiv groups;
+  uint32_t q_groups;
   int rot_units;
   int rest_half;          // pass-through unit c copies chunks c and c + rest_half (if < rest_chunks)
   int rest_chunks;
@@ -171,14 +186,27 @@ __device__ __forceinline__ void rotate(const HX& xa, const HX& xb, const HC& ca,
 // VEC: elements per access (16 bytes of T when kVector, else 1, or 2 for interleaved pairs).
 template <typename T, typename C, int VEC, bool kInterleaved, bool kVector,
           int G = heads_per_task<T, C, kInterleaved, kVector>()>
-__global__ void __launch_bounds__(kThreads, min_blocks<T, C, G>()) rope_kernel(const Args<T, C> a) {
+__global__ void __launch_bounds__(block_threads<G>(), min_blocks<T, C, G>()) rope_kernel(const Args<T, C> a) {
   using A = acc_t<T>;
-  const uint32_t task = blockIdx.x * kThreads + threadIdx.x;
+  const uint32_t task = blockIdx.x * block_threads<G>() + threadIdx.x;
   if (task >= a.tasks) return;
-  const int which = task < a.q_tasks ? 0 : 1;
-  const uint32_t t = which == 0 ? task : task - a.q_tasks;
-  uint32_t row = div(a.units, t);
-  const int u = int(t - row * a.units.d);
+  int which;
+  uint32_t row;
+  int u;
+  if (a.joint) {
+    const uint32_t r = div(a.units, task);
+    u = int(task - r * a.units.d);
+    const uint32_t position = div(a.groups, r);
+    const uint32_t group = r - position * a.groups.d;
+    which = group < a.q_groups ? 0 : 1;
+    // (the head dimension is the walk's fastest: its row index is position * groups + group)
+    row = position * a.walk[which].size[2].d + (which == 0 ? group : group - a.q_groups);
+  } else {
+    which = task < a.q_tasks ? 0 : 1;
+    const uint32_t t = which == 0 ? task : task - a.q_tasks;
+    row = div(a.units, t);
+    u = int(t - row * a.units.d);
+  }
   const RowWalk& w = a.walk[which];
   int64_t x_off = 0, y_off = 0, c_off = 0, n_off = 0, p_off = 0, flat = 0;
   uint32_t head0 = 0;
@@ -286,7 +314,8 @@ inline bool aligned_strides(const Strides& st, int64_t vec) {
 }
 
 // The walk over a tensor's rows (B, H, S) with input strides `xs` and output strides `ys`.
-inline RowWalk row_walk(const Problem& p, int64_t H, const Strides& xs, const Strides& ys, int G) {
+// `order` receives the logical dimensions, slowest first.
+inline RowWalk row_walk(const Problem& p, int64_t H, const Strides& xs, const Strides& ys, int G, int (&order)[3]) {
   // Per logical dimension (b, h, s): size, input, output, cos, sin, position and flat steps.
   // With position_ids the cos/sin rows come from the positions instead (steps zero).
   struct Dim {
@@ -308,7 +337,7 @@ inline RowWalk row_walk(const Problem& p, int64_t H, const Strides& xs, const St
   // 3.76-3.77 -> 3.82 TB/s (forward+backward 3.80 -> 3.84), interleaved 3.46-3.47 -> 3.63, bshd and
   // thd unchanged; partial rotary (R = D / 2), whose tables are half as large and whose
   // pass-through units read none, lost (3.70 -> 3.54): it keeps the order by stride.
-  int order[3] = {0, 1, 2};
+  order[0] = 0, order[1] = 1, order[2] = 2;
   std::stable_sort(order, order + 3, [&](int l, int r) {
     const int64_t sl = dims[l].size > 1 ? dims[l].x : 0, sr = dims[r].size > 1 ? dims[r].x : 0;
     return sl > sr;
@@ -388,9 +417,26 @@ void run_typed(const Problem& p, const Outputs& o, const char* op) {
                      ": could not preset bad_position");
   }
   // A task covers G heads of one position (heads_per_task): the walks step over head groups.
-  auto launch = [&](auto kernel, int G) {
-    a.walk[0] = row_walk(p, p.Hq, p.qs, o.qo, G);
-    a.walk[1] = row_walk(p, p.Hk, p.ks, o.ko, G);
+  auto launch = [&](auto kernel, auto heads) {
+    constexpr int G = decltype(heads)::value, kThreads = block_threads<G>();
+    int q_order[3], k_order[3];
+    a.walk[0] = row_walk(p, p.Hq, p.qs, o.qo, G, q_order);
+    a.walk[1] = row_walk(p, p.Hk, p.ks, o.ko, G, k_order);
+    // With full rotary both walks have the heads fastest; when they also visit positions in the
+    // same order, one walk over positions serves q and k, so that a position's cos/sin chunks
+    // are read from DRAM once for both instead of once in q's sweep and again in k's, long after
+    // L2 let them go (the (B, S, R) tables are 1/20 of q and k's bytes at the LLaMA-3-8B shape).
+    // H200, bf16 forward, three alternating rounds (2026-12-01): bhsd 3.81-3.82 -> 3.85-3.86
+    // TB/s, bshd 3.83-3.85 -> 3.92-3.93, interleaved 3.72-3.73 -> 3.76-3.77; ncu: DRAM reads
+    // 369 -> 352 MB (q and k: 336). Not with position_ids: their (P, R) tables are shared by
+    // every sequence and stay in L2, and the joint walk only added streams (thd 3.79-3.80 ->
+    // 3.76-3.77).
+    a.joint = p.q && p.k && !p.position_ids && p.R == p.D && q_order[2] == 1 &&
+              std::equal(q_order, q_order + 3, k_order);
+    if (a.joint) {
+      a.q_groups = uint32_t((p.Hq + G - 1) / G);
+      a.groups = fast_div(a.q_groups + (p.Hk + G - 1) / G);
+    }
     const int64_t q_tasks = p.B * p.S * ((p.Hq + G - 1) / G) * units,
                   tasks = q_tasks + p.B * p.S * ((p.Hk + G - 1) / G) * units;
     // (32-bit task indices: a task covers at least two elements, so 2^31 tasks are 2^32 elements)
@@ -402,7 +448,7 @@ void run_typed(const Problem& p, const Outputs& o, const char* op) {
   auto pick = [&](auto vec, auto interleaved, auto vector) {
     constexpr int V = decltype(vec)::value;
     constexpr bool I = decltype(interleaved)::value, W = decltype(vector)::value;
-    launch(rope_kernel<DT, DC, V, I, W>, heads_per_task<DT, DC, I, W>());
+    launch(rope_kernel<DT, DC, V, I, W>, std::integral_constant<int, heads_per_task<DT, DC, I, W>()>{});
   };
   using std::bool_constant;
   using std::integral_constant;
