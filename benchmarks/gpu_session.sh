@@ -30,7 +30,7 @@ for backend in cuda triton; do
     # op's capture test fails in the autograd engine's wait of the legacy stream on the capturing
     # one (cudaErrorStreamCaptureImplicit), each op alone too; outside the sanitizer they pass.
     FUSEDOPS_BACKEND=$backend timeout 500 compute-sanitizer --tool memcheck --error-exitcode 9 \
-      python3 -m pytest -m gpu tests/test_ops.py tests/test_cuda.py -q -p no:cacheprovider \
+      python3 -m pytest -m gpu tests/test_ops.py tests/test_cuda.py tests/test_rope.py -q -p no:cacheprovider \
       -k "not 2_31 and not compile and not gradcheck and not graph" >"$OUT/sanitizer-$backend.log" 2>&1 || status=1
     echo "compute-sanitizer ($backend): $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$backend.log" | tail -1) $(tail -1 "$OUT/sanitizer-$backend.log")"
   fi
