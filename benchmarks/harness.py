@@ -1079,7 +1079,7 @@ def render_plots(out_dir: Path, rows: list, entries: dict) -> list:
                     line = ax.axhline(copy, color="gray", linestyle="--", linewidth=1)
                     handles.setdefault(f"copy ({copy:.3g} TB/s)", line)
                 ax.set_xticks(range(len(panel)))
-                ax.set_xticklabels([f"{s}\n{d}" for s, d in panel], fontsize=8)
+                ax.set_xticklabels([_tick_label(s, d) for s, d in panel], fontsize=8)
                 if per_call:
                     ax.set_ylabel(("wall " if device == "cuda" else "") + "us / call")
                     what = "time per call, lower is better"
@@ -1098,6 +1098,12 @@ def render_plots(out_dir: Path, rows: list, entries: dict) -> list:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _tick_label(shape, dtype):
+    """A case's label under its bars: a variant ("interleaved:8x4096x32x8x128") on a line of its
+    own, so that long names do not run into their neighbours."""
+    return shape.replace(":", ":\n") + "\n" + dtype
 
 
 def _strongest_peer(index, key, subject_row, peers, column):
