@@ -326,7 +326,8 @@ def test_many_positions_gpu(heads, layout, dtype):
     q = torch.randn(shape(Hq), device="cuda", dtype=dtype, requires_grad=True)
     k = torch.randn(shape(Hk), device="cuda", dtype=dtype, requires_grad=True)
     angles = torch.rand(B, S, D // 2, device="cuda", dtype=torch.float64) * 2 * math.pi
-    cos, sin = torch.cat((angles, angles), -1).cos().to(dtype), torch.cat((angles, angles), -1).sin().to(dtype)
+    full = torch.cat((angles, angles), -1)
+    cos, sin = full.cos().to(dtype), full.sin().to(dtype)
     q_out, k_out = fusedops.rope(q, k, cos, sin, layout=layout)
     gq, gk = torch.randn_like(q_out), torch.randn_like(k_out)
     dq, dk = torch.autograd.grad((q_out, k_out), (q, k), (gq, gk))
