@@ -433,12 +433,12 @@ void run_typed(const Problem& p, const Outputs& o, const char* op) {
     // 3.76-3.77).
     a.joint = p.q && p.k && !p.position_ids && p.R == p.D && q_order[2] == 1 &&
               std::equal(q_order, q_order + 3, k_order);
+    const int64_t q_groups = (p.Hq + G - 1) / G, k_groups = (p.Hk + G - 1) / G;  // head groups a position
     if (a.joint) {
-      a.q_groups = uint32_t((p.Hq + G - 1) / G);
-      a.groups = fast_div(a.q_groups + (p.Hk + G - 1) / G);
+      a.q_groups = uint32_t(q_groups);
+      a.groups = fast_div(q_groups + k_groups);
     }
-    const int64_t q_tasks = p.B * p.S * ((p.Hq + G - 1) / G) * units,
-                  tasks = q_tasks + p.B * p.S * ((p.Hk + G - 1) / G) * units;
+    const int64_t q_tasks = p.B * p.S * q_groups * units, tasks = q_tasks + p.B * p.S * k_groups * units;
     // (32-bit task indices: a task covers at least two elements, so 2^31 tasks are 2^32 elements)
     FUSEDOPS_CHECK(tasks < (int64_t(1) << 31), op, ": too many rows (", p.B * p.S * (p.Hq + p.Hk), ")");
     a.q_tasks = uint32_t(q_tasks);
