@@ -1048,19 +1048,20 @@ struct RegisterPartials {
   }
 };
 
-// Partials in dynamic shared memory: each thread owns its VPT vectors of each partial there, as
-// 16-byte chunks laid out chunk-major, so that a warp's chunk accesses are conflict-free.
-template <typename A, int VEC, int TPR, int VPT, int kParts>
+// Partials in dynamic shared memory: each of the block's kThreads threads owns its VPT vectors of
+// each partial there, as 16-byte chunks laid out chunk-major, so that a warp's chunk accesses
+// are conflict-free.
+template <typename A, int VEC, int TPR, int VPT, int kParts, int kThreads = kBlock>
 struct SharedPartials {
   using Chunk = Vec<A, 16 / sizeof(A)>;
   static constexpr int kPer = 16 / sizeof(A), kChunks = VEC / kPer;
   static_assert(VEC % kPer == 0, "a vector of accumulators is whole chunks");
-  static constexpr int kDynamicBytes = kParts * VPT * kChunks * kBlock * 16;
+  static constexpr int kDynamicBytes = kParts * VPT * kChunks * kThreads * 16;
   static constexpr int kScratch = 1;
   Chunk* base;
 
   __device__ __forceinline__ Chunk& chunk(int p, int i, int c, int thread) const {
-    return base[((p * VPT + i) * kChunks + c) * kBlock + thread];
+    return base[((p * VPT + i) * kChunks + c) * kThreads + thread];
   }
   __device__ __forceinline__ void zero() {
     Chunk z;
@@ -1097,11 +1098,11 @@ struct SharedPartials {
   }
   // As RegisterPartials::store (the slots added in the same order), after a block barrier.
   __device__ __forceinline__ void store(int p, A* out, int n, A*) {
-    constexpr int kSlots = kBlock / TPR;
+    constexpr int kSlots = kThreads / TPR;
     __syncthreads();
     // Column e of the block's row is element e % VEC of vector e / (TPR * VEC) of lane
     // e / VEC % TPR: the columns in order, for coalesced stores.
-    for (int e = threadIdx.x; e < VPT * TPR * VEC && e < n; e += kBlock) {
+    for (int e = threadIdx.x; e < VPT * TPR * VEC && e < n; e += kThreads) {
       const int i = e / (TPR * VEC), lane = e / VEC % TPR, k = e % VEC;
       A s = 0;
 #pragma unroll
@@ -1115,6 +1116,16 @@ template <typename C, int VEC, int TPR, int VPT>
 using BackwardPartials =
     std::conditional_t<kPartialsInShared<C>, SharedPartials<typename C::A, VEC, TPR, VPT, C::centered ? 2 : 1>,
                        RegisterPartials<typename C::A, VEC, TPR, VPT, C::centered ? 2 : 1>>;
+
+// The cluster backward's partials (one block of kClusterThreads an SM, a register cap of 128).
+// layer_norm's two partials of 16-bit rows, beside the row's x and grad_output, took all 128
+// registers and spilled 120-324 bytes (ptxas, sm_90) into local memory that every row read and
+// wrote; in shared memory they take 128 KB of the SM's 228 (bf16/fp16: VEC 8, VPT 4).
+template <typename C, int VEC, int VPT>
+using ClusterBackwardPartials =
+    std::conditional_t<C::centered && sizeof(typename C::T) == 2,
+                       SharedPartials<typename C::A, VEC, kClusterThreads, VPT, 2, kClusterThreads>,
+                       RegisterPartials<typename C::A, VEC, kClusterThreads, VPT, C::centered ? 2 : 1>>;
 
 // Two resident blocks per SM (a register cap of 128) keep enough loads in flight; with more
 // vectors per thread than the backward aims at, that cap would spill, so those keep one.
@@ -1219,20 +1230,16 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   __shared__ A warps[kSums * kClusterThreads / 32];
   __shared__ A totals[kSums];
   __shared__ ClusterInbox<A, kSums> box;
+  extern __shared__ uint4 dynamic_shared[];
   cluster_inbox_init(box);
   const unsigned rank = cluster_rank(), blocks = cluster_blocks();
   const unsigned cluster = blockIdx.x / blocks, clusters = gridDim.x / blocks;
   const auto column = [&](int i) { return cluster_column<VEC>(i, blocks, rank); };
   const A inv_n = A(1) / A(n);
-  A dwp[VPT][VEC], dbp[C::centered ? VPT : 1][VEC];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i)
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) dwp[i][k] = 0;
-#pragma unroll
-  for (int i = 0; i < (C::centered ? VPT : 1); ++i)
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) dbp[i][k] = 0;
+  using Partials = ClusterBackwardPartials<C, VEC, VPT>;
+  Partials partials;
+  if constexpr (Partials::kDynamicBytes > 0) partials.base = reinterpret_cast<typename Partials::Chunk*>(dynamic_shared);
+  partials.zero();
   cluster_wait();  // every block's inbox is ready
   int exchange = 0;
   for (int64_t row = cluster; row < num_rows; row += clusters) {  // uniform across the cluster
@@ -1258,16 +1265,21 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
       if (column(i) < n)
-        grad_input_store<C, VEC>(rg, xv[i], gv[i], load_grad_residual<C, VEC>(rg.dh, column(i)),
-                                 load_weight<C, VEC>(a.w, column(i)), a.w != nullptr, a.offset, column(i), dwp[i],
-                                 dbp[C::centered ? i : 0]);
+        partials.update(i, [&](A(&dwp)[VEC], A(&dbp)[VEC]) {
+          grad_input_store<C, VEC>(rg, xv[i], gv[i], load_grad_residual<C, VEC>(rg.dh, column(i)),
+                                   load_weight<C, VEC>(a.w, column(i)), a.w != nullptr, a.offset, column(i), dwp,
+                                   dbp);
+        });
   }
+  // Each thread writes its own columns' partials (update leaves them as they are).
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     if (column(i) >= n) continue;
-    if (a.dw_partial != nullptr) store_acc<A, VEC>(a.dw_partial + int64_t(cluster) * n + column(i), dwp[i]);
-    if constexpr (C::centered)
-      if (a.db_partial != nullptr) store_acc<A, VEC>(a.db_partial + int64_t(cluster) * n + column(i), dbp[i]);
+    partials.update(i, [&](A(&dwp)[VEC], A(&dbp)[VEC]) {
+      if (a.dw_partial != nullptr) store_acc<A, VEC>(a.dw_partial + int64_t(cluster) * n + column(i), dwp);
+      if constexpr (C::centered)
+        if (a.db_partial != nullptr) store_acc<A, VEC>(a.db_partial + int64_t(cluster) * n + column(i), dbp);
+    });
   }
 }
 
@@ -1558,10 +1570,11 @@ void launch_cluster(void (*kernel)(KernelArgs...), unsigned grid, int cluster, i
   STD_TORCH_CHECK(e == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(e));
 }
 
-// Clusters of `cluster` blocks of Kernel that can be resident at once (0: none fit, or
-// clusters unsupported), asked once per kernel and size; sizes above 8 are allowed first.
+// Clusters of `cluster` blocks of Kernel, with `dynamic_shared` bytes each (fixed per kernel),
+// that can be resident at once (0: none fit, or clusters unsupported), asked once per kernel and
+// size; sizes above 8 are allowed first.
 template <auto Kernel>
-int resident_clusters(int cluster) {
+int resident_clusters(int cluster, int dynamic_shared = 0) {
   static std::atomic<int> cached[kMaxBackwardCluster + 1] = {};
   std::atomic<int>& r = cached[cluster];
   int v = r.load(std::memory_order_relaxed);
@@ -1572,7 +1585,7 @@ int resident_clusters(int cluster) {
       v = -1;
     } else {
       cudaLaunchAttribute cluster_dim;
-      const cudaLaunchConfig_t config = cluster_config(unsigned(cluster), cluster, 0, nullptr, cluster_dim);
+      const cudaLaunchConfig_t config = cluster_config(unsigned(cluster), cluster, dynamic_shared, nullptr, cluster_dim);
       if (cudaOccupancyMaxActiveClusters(&v, Kernel, &config) != cudaSuccess || v <= 0) {
         (void)cudaGetLastError();
         v = -1;
@@ -1778,12 +1791,14 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
   };
   if (s.cluster > 0) {
     constexpr auto kernel = backward_cluster_kernel<C, kVec, kClusterBackwardVecs>;
-    const int64_t resident = resident_clusters<kernel>(s.cluster);
+    constexpr int kShared = ClusterBackwardPartials<C, kVec, kClusterBackwardVecs>::kDynamicBytes;
+    allow_dynamic_shared<kernel>(device, kShared, op);
+    const int64_t resident = resident_clusters<kernel>(s.cluster, kShared);
     if (resident > 0) {
       const int64_t clusters = std::min(p.num_rows, resident);
       run_partials(clusters, [&] {
-        launch_cluster(kernel, grid_size(op, clusters * s.cluster), s.cluster, 0, stream, op, a, p.grad_rows, p.rows,
-                       dh_rows, p.num_rows, p.n);
+        launch_cluster(kernel, grid_size(op, clusters * s.cluster), s.cluster, kShared, stream, op, a, p.grad_rows,
+                       p.rows, dh_rows, p.num_rows, p.n);
       });
       return;
     }
