@@ -1217,7 +1217,8 @@ __global__ void __launch_bounds__(kBlock, VPT <= kBackwardVecs<C> ? 2 : 1)
 // The backward of rows too wide for a block to cache: a persistent grid of clusters, each
 // walking a fixed set of rows. Each block keeps its share of the row's x and grad_output in
 // registers (columns dealt as in the forward), and the parameter-gradient partials of its
-// columns across the rows it walks; the row sums go through the cluster (cluster_sum). Each
+// columns across the rows it walks (ClusterBackwardPartials: registers, or for layer_norm's
+// 16-bit rows shared memory); the row sums go through the cluster (cluster_sum). Each
 // cluster writes one row of the (clusters, n) partial buffers, each column by one thread.
 template <typename C, int VEC, int VPT>
 __global__ void __launch_bounds__(kClusterThreads, 1)
