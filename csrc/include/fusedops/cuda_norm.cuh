@@ -1525,6 +1525,24 @@ void allow_dynamic_shared(int32_t device, int bytes, const char* op, bool all_sh
   if (device >= 0 && device < kMaxDevices) allowed[device].store(true, std::memory_order_relaxed);
 }
 
+// Whether a block of Kernel can have `dynamic_shared` bytes of dynamic shared memory on `device`
+// beside its static shared memory. Not every GPU that runs clusters has sm_90's 227 KB a block
+// (sm_120 has 99 KB). Asked once per kernel: a process drives GPUs of one architecture here.
+template <auto Kernel>
+bool dynamic_shared_fits(int32_t device, int dynamic_shared) {
+  static const bool fits = [&] {
+    int most = 0;
+    cudaFuncAttributes attributes;
+    if (cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+        cudaFuncGetAttributes(&attributes, Kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return int64_t(attributes.sharedSizeBytes) + dynamic_shared <= most;
+  }();
+  return fits;
+}
+
 // Whether Kernel (a cluster kernel) runs its real code on the current GPU: the code the GPU
 // runs was compiled for sm_90 or newer (ptxVersion: the virtual architecture it came from).
 // Asked once per kernel; a process drives GPUs of one architecture here.
@@ -1793,8 +1811,11 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
   if (s.cluster > 0) {
     constexpr auto kernel = backward_cluster_kernel<C, kVec, kClusterBackwardVecs>;
     constexpr int kShared = ClusterBackwardPartials<C, kVec, kClusterBackwardVecs>::kDynamicBytes;
-    allow_dynamic_shared<kernel>(device, kShared, op);
-    const int64_t resident = resident_clusters<kernel>(s.cluster, kShared);
+    int64_t resident = 0;  // (where a block cannot have kShared bytes, none: the rows are swept)
+    if (dynamic_shared_fits<kernel>(device, kShared)) {
+      allow_dynamic_shared<kernel>(device, kShared, op);
+      resident = resident_clusters<kernel>(s.cluster, kShared);
+    }
     if (resident > 0) {
       const int64_t clusters = std::min(p.num_rows, resident);
       run_partials(clusters, [&] {
