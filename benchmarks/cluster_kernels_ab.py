@@ -2,11 +2,12 @@
 
 The shapes whose rows are too wide for one block: add_rms_norm's register-caching cluster
 forward (2048x32768, 4096x24576, 1024x65536), the staged rms_norm / layer_norm forward
-(2048x32768, 512x131072, 256x262144), the norms' forward+backward there (the cluster backward),
-and cross_entropy's forward+backward (8192x128256, 4096x256000: the row kernel in clusters).
-bf16, medians of `triton.testing.do_bench`. Run it in turn under two builds, several rounds
-alternating, as benchmarks/norm_forward_ab.py says; the harness (benchmarks/run.py) is what
-measures a build beside its peers.
+(2048x32768, 512x131072, 256x262144), the norms' forward+backward there (the cluster backward;
+add_rms_norm also with a float32 residual stream), and cross_entropy's forward+backward
+(8192x128256, 4096x256000: the row kernel in clusters). bf16, medians of
+`triton.testing.do_bench`. Run it in turn under two builds, several rounds alternating, as
+benchmarks/norm_forward_ab.py says; the harness (benchmarks/run.py) is what measures a build
+beside its peers.
 
     for i in 1 2; do for b in old new; do
       PYTHONPATH=/tmp/$b python benchmarks/cluster_kernels_ab.py
@@ -24,7 +25,7 @@ GROUPS = ("add-fwd", "staged-fwd", "norm-fwd+bwd", "ce-fwd+bwd")
 
 
 def tbps(passes, numel, ms):
-    return passes * numel * 2 / (ms * 1e-3) / 1e12  # bf16: 2 bytes an element
+    return passes * numel * 2 / (ms * 1e-3) / 1e12  # passes of bf16: 2 bytes an element
 
 
 def randn(*shape, grad=False):
@@ -57,17 +58,22 @@ def norm_forward_backward(cells):
     for rows, n in ((2048, 32768), (256, 262144)):
         x, r, g = randn(rows, n, grad=True), randn(rows, n, grad=True), randn(rows, n)
         w, b = randn(n, grad=True), randn(n, grad=True)
+        # A float32 residual stream beside bf16 activations, and its gradient.
+        r32, g32 = r.detach().float().requires_grad_(), g.float()
 
-        def add():
-            out, h = fusedops.add_rms_norm(x, r, w, 1e-6)
-            torch.autograd.backward([out, h], [g, g])
+        def add(residual, grad_residual):
+            out, h = fusedops.add_rms_norm(x, residual, w, 1e-6)
+            torch.autograd.backward([out, h], [g, grad_residual])
 
         for name, f, passes in (
             ("rms-fb", lambda: fusedops.rms_norm(x, w, 1e-6).backward(g), 5),
             ("ln-fb", lambda: fusedops.layer_norm(x, w, b, 1e-5).backward(g), 5),
-            ("add-fb", add, 8),
+            ("add-fb", lambda: add(r, g), 8),
+            # bytes an element: forward x 2, residual 4, out 2, h 4; backward the gradients of
+            # out 2 and h 4, h 4, grad x 2, grad residual 4: 28, or 14 bf16 passes
+            ("add32-fb", lambda: add(r32, g32), 14),
         ):
-            ms = do_bench(f, warmup=10, rep=200, grad_to_none=[x, r, w, b], return_mode="median")
+            ms = do_bench(f, warmup=10, rep=200, grad_to_none=[x, r, r32, w, b], return_mode="median")
             cells.append(f"{name} {rows}x{n} {tbps(passes, x.numel(), ms):.2f}")
 
 

@@ -227,6 +227,34 @@ def test_wide_rows_add_rms_norm_float32_residual(n):
     torch.testing.assert_close(r2, expected_res, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32], ids=["weight_bf16", "weight_fp32"])
+@pytest.mark.parametrize("n", [40960, 262144])
+def test_add_rms_norm_wide_rows_float32_residual_gradients(n, weight_dtype):
+    """bf16 rows with a float32 residual stream through the cluster backward, which keeps their
+    weight-gradient partials in shared memory, against float64: 40 rows, more than the resident
+    clusters at 262144, so that clusters add partials over rows; every gradient checked."""
+    x = torch.randn(40, n, device="cuda").to(torch.bfloat16).requires_grad_()
+    r = torch.randn(40, n, device="cuda", requires_grad=True)
+    w = (1 + 0.1 * torch.randn(n, device="cuda")).to(weight_dtype).requires_grad_()
+    out, h = fusedops.add_rms_norm(x, r, w, 1e-6)
+    dout, dh = torch.randn_like(out), torch.randn_like(h)
+    grads = torch.autograd.grad((out, h), (x, r, w), (dout, dh))
+    ref_in = [t.detach().double().requires_grad_() for t in (x, r, w)]
+    ref_h = ref_in[0] + ref_in[1]
+    ref_out = torch.nn.functional.rms_norm(ref_h, (n,), ref_in[2], 1e-6)
+    ref_grads = torch.autograd.grad((ref_out, ref_h), ref_in, (dout.double(), dh.double()))
+    assert (out.dtype, h.dtype) == (torch.bfloat16, torch.float32)
+    assert [g.dtype for g in grads] == [torch.bfloat16, torch.float32, weight_dtype]
+    torch.testing.assert_close(out.double(), ref_out, atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(h.double(), ref_h, atol=1e-6, rtol=1e-6)
+    # grad x and a bf16 grad weight are rounded to bf16 (2^-8 relative); grad residual and a
+    # float32 grad weight are float32 results from the same values as the reference: far tighter.
+    weight_rtol = 8e-3 if weight_dtype == torch.bfloat16 else 1e-4
+    for g, ref, rtol in zip(grads, ref_grads, (8e-3, 1e-4, weight_rtol)):
+        scale = ref.abs().max().item()
+        torch.testing.assert_close(g.double(), ref, atol=rtol * scale, rtol=0)
+
+
 def test_gpu_without_code_falls_back_to_triton():
     """A build with no code for this GPU (here: the record says sm_80 only) switches every op to
     Triton when CUDA initialises, with one warning, and computes the same values."""

@@ -1118,13 +1118,18 @@ using BackwardPartials =
                        RegisterPartials<typename C::A, VEC, TPR, VPT, C::centered ? 2 : 1>>;
 
 // The cluster backward's partials (one block of kClusterThreads an SM, a register cap of 128).
-// layer_norm's two partials of 16-bit rows, beside the row's x and grad_output, took all 128
-// registers and spilled 120-324 bytes (ptxas, sm_90) into local memory that every row read and
-// wrote; in shared memory they take 128 KB of the SM's 228 (bf16/fp16: VEC 8, VPT 4).
+// Beside 16-bit rows' x and grad_output, layer_norm's two partials took all 128 registers and
+// spilled 120-324 bytes (ptxas, sm_90) into local memory that every row read and wrote, and
+// add_rms_norm's one partial beside a float32 residual row (twice the registers of x) 8-10
+// bytes. Those keep them in shared memory instead: 128 KB (layer_norm) or 64 KB of the SM's
+// 228 (VEC 8, VPT 4).
+template <typename C>
+constexpr bool kClusterPartialsInShared = (C::centered || C::wide_residual) && sizeof(typename C::T) == 2;
+
 template <typename C, int VEC, int VPT>
 using ClusterBackwardPartials =
-    std::conditional_t<C::centered && sizeof(typename C::T) == 2,
-                       SharedPartials<typename C::A, VEC, kClusterThreads, VPT, 2, kClusterThreads>,
+    std::conditional_t<kClusterPartialsInShared<C>,
+                       SharedPartials<typename C::A, VEC, kClusterThreads, VPT, C::centered ? 2 : 1, kClusterThreads>,
                        RegisterPartials<typename C::A, VEC, kClusterThreads, VPT, C::centered ? 2 : 1>>;
 
 // Two resident blocks per SM (a register cap of 128) keep enough loads in flight; with more
@@ -1217,8 +1222,8 @@ __global__ void __launch_bounds__(kBlock, VPT <= kBackwardVecs<C> ? 2 : 1)
 // The backward of rows too wide for a block to cache: a persistent grid of clusters, each
 // walking a fixed set of rows. Each block keeps its share of the row's x and grad_output in
 // registers (columns dealt as in the forward), and the parameter-gradient partials of its
-// columns across the rows it walks (ClusterBackwardPartials: registers, or for layer_norm's
-// 16-bit rows shared memory); the row sums go through the cluster (cluster_sum). Each
+// columns across the rows it walks (ClusterBackwardPartials: registers, or shared memory
+// where registers would spill); the row sums go through the cluster (cluster_sum). Each
 // cluster writes one row of the (clusters, n) partial buffers, each column by one thread.
 template <typename C, int VEC, int VPT>
 __global__ void __launch_bounds__(kClusterThreads, 1)
