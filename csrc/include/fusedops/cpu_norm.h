@@ -458,7 +458,7 @@ void run_backward(const BackwardProblem& p, const BackwardOutputs& o) {
     }
   });
   P* dw = want_dw ? o.grad_weight.mutable_data_ptr<P>() : nullptr;
-  P* db = want_db ? o.grad_bias.mutable_data_ptr<P>() : nullptr;
+  P* db = want_db ? o.grad_bias->mutable_data_ptr<P>() : nullptr;
   torch::stable::parallel_for(0, n, 4096, [&](int64_t jb, int64_t je) {
     if (dw) sum_partials<A, P>(dw_part, chunks, n, dw, jb, je);
     if (db) sum_partials<A, P>(db_part, chunks, n, db, jb, je);

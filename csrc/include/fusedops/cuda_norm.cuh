@@ -1797,7 +1797,7 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
           a.dw_partial, num_partials, p.n, reinterpret_cast<W*>(o.grad_weight.mutable_data_ptr()));
     if (p.want_grad_bias)
       sum_partials_kernel<A, W><<<sum_grid, sum_block, 0, stream>>>(
-          a.db_partial, num_partials, p.n, reinterpret_cast<W*>(o.grad_bias.mutable_data_ptr()));
+          a.db_partial, num_partials, p.n, reinterpret_cast<W*>(o.grad_bias->mutable_data_ptr()));
     check_launch(op);
   };
   // One wave of resident blocks, each walking its rows: as few partial rows to add up as

@@ -101,7 +101,7 @@ struct BackwardOutputs {
   Tensor grad_input;
   std::optional<Tensor> grad_residual;
   Tensor grad_weight;
-  Tensor grad_bias;
+  std::optional<Tensor> grad_bias;  // only when wanted (layer_norm's op returns an empty one otherwise)
 };
 
 // Leading-dimension sizes of `t`, i.e. the shape of the per-row statistics.
@@ -386,7 +386,9 @@ inline BackwardOutputs backward_outputs(const BackwardProblem& p) {
   o.grad_input = empty_like_device(p.input, shape_of(p.input), p.grad_output.scalar_type());
   if (p.grad_output.scalar_type() != p.input.scalar_type()) o.grad_residual = output_like(p.input);
   o.grad_weight = param_grad(p, p.weight, p.want_grad_weight);
-  o.grad_bias = param_grad(p, p.bias, p.want_grad_bias);
+  // (rms_norm's and add_rms_norm's ops return no bias gradient: nothing to allocate for them,
+  // which a small call's host time feels)
+  if (p.want_grad_bias) o.grad_bias = param_grad(p, p.bias, true);
   return o;
 }
 

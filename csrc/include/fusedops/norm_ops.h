@@ -80,7 +80,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(Tensor grad_output, Tenso
                                              rstd, weight_requires_grad, bias_requires_grad);
   const BackwardOutputs o = backward_outputs(p);
   K::template backward<true>(p, o, "layer_norm_backward");
-  return {o.grad_input, o.grad_weight, o.grad_bias};
+  return {o.grad_input, o.grad_weight, o.grad_bias ? *o.grad_bias : param_grad(p, p.bias, false)};
 }
 
 }  // namespace fusedops::norm
