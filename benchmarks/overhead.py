@@ -1,7 +1,8 @@
 """Where an op's per-call time goes on a tiny input, layer by layer (host overhead, not
 bandwidth). rms_norm: torch's own F.rms_norm, the public function, the registered op through
 the dispatcher's Autograd kernel, the direct autograd path, the op alone below autograd, and
-reference points (an allocation, an elementwise op). rope (a decode step): the public function,
+reference points (an allocation, an elementwise op); then the backward through
+torch.autograd.grad beside the autograd engine's own floor and the backward op alone. rope (a decode step): the public function,
 the direct autograd path, the op alone, and Hugging Face's formula
 in eager torch ops. Steady-state loops, min and median of five.
 
@@ -71,6 +72,41 @@ def main():
         show("the op alone", lambda: op.forward(x, w, eps))
         show("torch.empty_like(x), torch.empty(rows)", lambda: (torch.empty_like(x), torch.empty(shape[0], device=args.device)))
         show("x.mul(w)", lambda: x.mul(w))
+    backward(args, show, x, w, eps)
+
+
+class _PassThrough(torch.autograd.Function):
+    """The least a Python autograd node costs: forward copies, backward returns its gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def backward(args, show, x, w, eps):
+    """A backward's host cost: torch.autograd.grad of one output (graph kept), against the
+    engine's floor with a Python node and with a C++ node. On CUDA the engine runs nodes on its
+    device thread, so each call also pays two thread hand-offs."""
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    grad = torch.randn_like(x)
+    n = x.shape[-1:]
+    print("backward: torch.autograd.grad(y, inputs, grad, retain_graph=True)")
+    y_torch, y_ours = F.rms_norm(x, n, w, eps), fusedops.rms_norm(x, w, eps)
+    show("F.rms_norm's backward", lambda: torch.autograd.grad(y_torch, (x, w), grad, retain_graph=True))
+    show("fusedops.rms_norm's backward", lambda: torch.autograd.grad(y_ours, (x, w), grad, retain_graph=True))
+    y_python, y_mul = _PassThrough.apply(x), x * 2
+    show("a Python node passing its gradient on", lambda: torch.autograd.grad(y_python, (x,), grad, retain_graph=True))
+    show("x * 2's backward (a C++ node, one kernel)", lambda: torch.autograd.grad(y_mul, (x,), grad, retain_graph=True))
+    print("below autograd")
+    xd, wd = x.detach(), w.detach()
+    with _direct.BelowAutograd():
+        _, rstd = op.forward(xd, wd, eps)
+        show("the backward op alone", lambda: op.backward(grad, xd, wd, rstd, 0.0, False, True))
+        show("the backward op alone, no weight gradient", lambda: op.backward(grad, xd, wd, rstd, 0.0, False, False))
 
 
 def _show(args):
