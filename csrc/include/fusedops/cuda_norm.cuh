@@ -1341,11 +1341,15 @@ __global__ void __launch_bounds__(kSweepThreads)
 }
 
 // out[j] = sum over p of partial[p, j], in the order p = 0, 1, ... (per column thread group,
-// then the groups in order): reproducible.
+// then the groups in order): reproducible. blockIdx.y picks the parameter: its (num_partials, n)
+// partials follow the previous parameter's, and its sums go to outs[blockIdx.y] (weight and
+// bias in one launch: a launch is several microseconds of host time that a small call feels).
 template <typename A, typename W>
-__global__ void __launch_bounds__(256) sum_partials_kernel(const A* __restrict__ partial, int64_t num_partials,
-                                                           int64_t n, W* __restrict__ out) {
+__global__ void __launch_bounds__(256) sum_partials_kernel(const A* __restrict__ partials, int64_t num_partials,
+                                                           int64_t n, W* out0, W* out1) {
   __shared__ A sums[8][33];
+  const A* __restrict__ partial = partials + int64_t(blockIdx.y) * num_partials * n;
+  W* __restrict__ out = blockIdx.y == 0 ? out0 : out1;
   const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
   A s = 0;
   if (col < n)
@@ -1791,14 +1795,17 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
     }
     launch();
     check_launch(op);
-    const dim3 sum_grid(unsigned((p.n + 31) / 32)), sum_block(32, 8);
-    if (p.want_grad_weight)
+    if (params > 0) {
+      // The wanted gradients in the partials' order: weight, then bias.
+      W* outs[2] = {nullptr, nullptr};
+      int k = 0;
+      if (p.want_grad_weight) outs[k++] = reinterpret_cast<W*>(o.grad_weight.mutable_data_ptr());
+      if (p.want_grad_bias) outs[k++] = reinterpret_cast<W*>(o.grad_bias->mutable_data_ptr());
+      const dim3 sum_grid(unsigned((p.n + 31) / 32), unsigned(params)), sum_block(32, 8);
       sum_partials_kernel<A, W><<<sum_grid, sum_block, 0, stream>>>(
-          a.dw_partial, num_partials, p.n, reinterpret_cast<W*>(o.grad_weight.mutable_data_ptr()));
-    if (p.want_grad_bias)
-      sum_partials_kernel<A, W><<<sum_grid, sum_block, 0, stream>>>(
-          a.db_partial, num_partials, p.n, reinterpret_cast<W*>(o.grad_bias->mutable_data_ptr()));
-    check_launch(op);
+          reinterpret_cast<const A*>(partial.const_data_ptr()), num_partials, p.n, outs[0], outs[1]);
+      check_launch(op);
+    }
   };
   // One wave of resident blocks, each walking its rows: as few partial rows to add up as
   // the bandwidth allows.
