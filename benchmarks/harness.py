@@ -906,6 +906,16 @@ def _copy_of(rows) -> Optional[float]:
     return max(values) if values else None
 
 
+# p80 / p20 of a GPU time's repetitions above which the table marks it as host-bound: a
+# kernel's own repetitions, L2 flushed before each, spread by a few percent at most.
+HOST_BOUND_SPREAD = 1.10
+
+
+def _host_bound(r) -> bool:
+    p20, p80 = fnum(r.get("time_ms_p20")), fnum(r.get("time_ms_p80"))
+    return p20 is not None and p80 is not None and p20 > 0 and p80 / p20 > HOST_BOUND_SPREAD
+
+
 def render_markdown(rows: list, runs: list, entries: dict) -> str:
     out = ["# fusedops benchmark results", ""]
     devices = sorted({r["device"] for r in rows})
@@ -952,7 +962,10 @@ def render_markdown(rows: list, runs: list, entries: dict) -> str:
         "*% copy* = TB/s relative to the copy bandwidth of the same run.  *vs P* = P's time / "
         "fusedops' time (> 1: fusedops faster); on GPU the cell reads `kernel ratio (wall ratio)`.  "
         "*peak MiB* (entries that measure memory, CUDA): the most one call allocates on top of what "
-        "was allocated before it, its outputs and gradients included.",
+        "was allocated before it, its outputs and gradients included.  *‡* after a GPU time: its "
+        f"repetitions spread by more than {HOST_BOUND_SPREAD - 1:.0%} (p80 / p20), the sign that in some of them "
+        "the GPU waited for the host (a call whose host side outlasts do_bench's L2 flush): that "
+        "time partly measures the host, and the wall column is the figure to compare.",
     ]
     for (op, device), group in _groups(rows).items():
         entry = entries.get(op)
@@ -990,7 +1003,7 @@ def render_markdown(rows: list, runs: list, entries: dict) -> str:
                     if r is None or r["status"] != "ok":
                         continue
                     cells = [shape, dtype, f"**{p}**" if r["role"] == "subject" else p]
-                    cells.append(_fmt(fnum(r["time_ms"]), ".4g"))
+                    cells.append(_fmt(fnum(r["time_ms"]), ".4g") + (" ‡" if gpu and _host_bound(r) else ""))
                     if gpu:
                         cells.append(_fmt(fnum(r["wall_us"]), ".1f"))
                     cells += [_fmt(fnum(r["tbps"]), ".4g"), _fmt(fnum(r["pct_copy"]), ".1f")]
