@@ -963,9 +963,9 @@ def render_markdown(rows: list, runs: list, entries: dict) -> str:
         "fusedops' time (> 1: fusedops faster); on GPU the cell reads `kernel ratio (wall ratio)`.  "
         "*peak MiB* (entries that measure memory, CUDA): the most one call allocates on top of what "
         "was allocated before it, its outputs and gradients included.  *‡* after a GPU time: its "
-        f"repetitions spread by more than {HOST_BOUND_SPREAD - 1:.0%} (p80 / p20), the sign that in some of them "
-        "the GPU waited for the host (a call whose host side outlasts do_bench's L2 flush): that "
-        "time partly measures the host, and the wall column is the figure to compare.",
+        f"repetitions spread by more than {HOST_BOUND_SPREAD - 1:.0%} (p80 / p20), the sign that in "
+        "some of them the GPU waited for the host (a call whose host side outlasts do_bench's L2 "
+        "flush): that time partly measures the host, and the wall column is the figure to compare.",
     ]
     for (op, device), group in _groups(rows).items():
         entry = entries.get(op)

@@ -2,9 +2,9 @@
 bandwidth). rms_norm: torch's own F.rms_norm, the public function, the registered op through
 the dispatcher's Autograd kernel, the direct autograd path, the op alone below autograd, and
 reference points (an allocation, an elementwise op); then the backward through
-torch.autograd.grad beside the autograd engine's own floor and the backward op alone. rope (a decode step): the public function,
-the direct autograd path, the op alone, and Hugging Face's formula
-in eager torch ops. Steady-state loops, min and median of five.
+torch.autograd.grad beside the autograd engine's own floor and the backward op alone. rope (a
+decode step): the public function, the direct autograd path, the op alone, and Hugging Face's
+formula in eager torch ops. Steady-state loops, min and median of five.
 
     python benchmarks/overhead.py [--device cuda] [--shape 16x4096]
     python benchmarks/overhead.py --op rope [--shape 1x32x8x1x128]   (B x Hq x Hk x S x D)
@@ -95,18 +95,21 @@ def backward(args, show, x, w, eps):
     grad = torch.randn_like(x)
     n = x.shape[-1:]
     print("backward: torch.autograd.grad(y, inputs, grad, retain_graph=True)")
-    y_torch, y_ours = F.rms_norm(x, n, w, eps), fusedops.rms_norm(x, w, eps)
-    show("F.rms_norm's backward", lambda: torch.autograd.grad(y_torch, (x, w), grad, retain_graph=True))
-    show("fusedops.rms_norm's backward", lambda: torch.autograd.grad(y_ours, (x, w), grad, retain_graph=True))
-    y_python, y_mul = _PassThrough.apply(x), x * 2
-    show("a Python node passing its gradient on", lambda: torch.autograd.grad(y_python, (x,), grad, retain_graph=True))
-    show("x * 2's backward (a C++ node, one kernel)", lambda: torch.autograd.grad(y_mul, (x,), grad, retain_graph=True))
+
+    def grad_of(y, inputs):
+        return lambda: torch.autograd.grad(y, inputs, grad, retain_graph=True)
+
+    show("F.rms_norm's backward", grad_of(F.rms_norm(x, n, w, eps), (x, w)))
+    show("fusedops.rms_norm's backward", grad_of(fusedops.rms_norm(x, w, eps), (x, w)))
+    show("a Python node passing its gradient on", grad_of(_PassThrough.apply(x), (x,)))
+    show("x * 2's backward (a C++ node, one kernel)", grad_of(x * 2, (x,)))
     print("below autograd")
     xd, wd = x.detach(), w.detach()
     with _direct.BelowAutograd():
         _, rstd = op.forward(xd, wd, eps)
         show("the backward op alone", lambda: op.backward(grad, xd, wd, rstd, 0.0, False, True))
-        show("the backward op alone, no weight gradient", lambda: op.backward(grad, xd, wd, rstd, 0.0, False, False))
+        show("the backward op alone, no weight gradient",
+             lambda: op.backward(grad, xd, wd, rstd, 0.0, False, False))
 
 
 def _show(args):
