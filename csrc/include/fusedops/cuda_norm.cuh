@@ -1342,8 +1342,8 @@ __global__ void __launch_bounds__(kSweepThreads)
 
 // out[j] = sum over p of partial[p, j], in the order p = 0, 1, ... (per column thread group,
 // then the groups in order): reproducible. blockIdx.y picks the parameter: its (num_partials, n)
-// partials follow the previous parameter's, and its sums go to outs[blockIdx.y] (weight and
-// bias in one launch: a launch is several microseconds of host time that a small call feels).
+// partials follow the previous parameter's, and its sums go to out0 or out1 (weight and bias
+// in one launch: a launch is several microseconds of host time that a small call feels).
 template <typename A, typename W>
 __global__ void __launch_bounds__(256) sum_partials_kernel(const A* __restrict__ partials, int64_t num_partials,
                                                            int64_t n, W* out0, W* out1) {
@@ -1786,26 +1786,29 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
   // them up into the parameter gradients.
   const auto run_partials = [&](int64_t num_partials, auto&& launch) {
     const int64_t params = int64_t(p.want_grad_weight) + int64_t(p.want_grad_bias);
-    Tensor partial;
-    if (params > 0) {
-      partial = empty_like_device(p.input, {params, num_partials, p.n}, acc_dtype(p.grad_output.scalar_type()));
-      A* base = reinterpret_cast<A*>(partial.mutable_data_ptr());
-      if (p.want_grad_weight) a.dw_partial = base;
-      if (p.want_grad_bias) a.db_partial = base + (p.want_grad_weight ? num_partials * p.n : 0);
+    if (params == 0) {
+      launch();
+      check_launch(op);
+      return;
+    }
+    // The wanted parameters in order (weight, then bias), each with its partial rows and its gradient.
+    Tensor partial = empty_like_device(p.input, {params, num_partials, p.n}, acc_dtype(p.grad_output.scalar_type()));
+    A* base = reinterpret_cast<A*>(partial.mutable_data_ptr());
+    W* outs[2] = {nullptr, nullptr};
+    int k = 0;
+    if (p.want_grad_weight) {
+      a.dw_partial = base + k * num_partials * p.n;
+      outs[k++] = reinterpret_cast<W*>(o.grad_weight.mutable_data_ptr());
+    }
+    if (p.want_grad_bias) {
+      a.db_partial = base + k * num_partials * p.n;
+      outs[k++] = reinterpret_cast<W*>(o.grad_bias->mutable_data_ptr());
     }
     launch();
     check_launch(op);
-    if (params > 0) {
-      // The wanted gradients in the partials' order: weight, then bias.
-      W* outs[2] = {nullptr, nullptr};
-      int k = 0;
-      if (p.want_grad_weight) outs[k++] = reinterpret_cast<W*>(o.grad_weight.mutable_data_ptr());
-      if (p.want_grad_bias) outs[k++] = reinterpret_cast<W*>(o.grad_bias->mutable_data_ptr());
-      const dim3 sum_grid(unsigned((p.n + 31) / 32), unsigned(params)), sum_block(32, 8);
-      sum_partials_kernel<A, W><<<sum_grid, sum_block, 0, stream>>>(
-          reinterpret_cast<const A*>(partial.const_data_ptr()), num_partials, p.n, outs[0], outs[1]);
-      check_launch(op);
-    }
+    const dim3 sum_grid(unsigned((p.n + 31) / 32), unsigned(params)), sum_block(32, 8);
+    sum_partials_kernel<A, W><<<sum_grid, sum_block, 0, stream>>>(base, num_partials, p.n, outs[0], outs[1]);
+    check_launch(op);
   };
   // One wave of resident blocks, each walking its rows: as few partial rows to add up as
   // the bandwidth allows.
