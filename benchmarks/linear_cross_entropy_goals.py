@@ -1,10 +1,14 @@
 """linear_cross_entropy against its issue's goals on a GPU, at Gemma-2-2B's and LLaMA-3-8B's
 LM heads (8192 tokens, bf16): accuracy against the float32 materialised reference, the time of
 the three bf16 products alone, forward+backward time and memory beyond the inputs and the
-returned gradients per chunk size (bf16 weights, and float32 weights under bf16 autocast), and
-FSDP2 (one rank over NCCL) against the unsharded op.
+returned gradients per mode (chunks of rows of a given size; low_memory, chunks of classes), for
+bf16 weights and float32 weights under bf16 autocast, and FSDP2 (one rank over NCCL) against the
+unsharded op.
 
-    python benchmarks/linear_cross_entropy_goals.py [--chunks none,2048,8192]
+    python benchmarks/linear_cross_entropy_goals.py [--modes none,2048,low,low:4096]
+
+Modes: "none" (chunks of rows, automatic size), a number (chunk_rows), "low" (low_memory,
+automatic chunk_classes), "low:N" (low_memory, chunk_classes=N).
 """
 
 import argparse
@@ -23,7 +27,18 @@ def rel(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
 
 
-def shapes(chunks):
+def parse_mode(text):
+    text = text.strip().lower()
+    if text == "none":
+        return {"chunk_rows": None}
+    if text == "low":
+        return {"low_memory": True}
+    if text.startswith("low:"):
+        return {"low_memory": True, "chunk_classes": int(text[4:])}
+    return {"chunk_rows": int(text)}
+
+
+def shapes(modes):
     dev = "cuda"
     for name, (N, H, V) in {"gemma-2-2b": (8192, 2304, 256000), "llama-3-8b": (8192, 4096, 128256)}.items():
         g = torch.Generator(device=dev).manual_seed(0)
@@ -36,12 +51,15 @@ def shapes(chunks):
         ref.backward()
         ref_gh, ref_gw = hr.grad, wr.grad
         del hr, wr
-        hb, wb = h.clone().requires_grad_(), w.clone().requires_grad_()
-        loss = fusedops.linear_cross_entropy(hb, wb, t)
-        loss.backward()
-        print(f"{name}: loss {loss.item():.6f} ref {ref.item():.6f} rel {abs(loss.item() - ref.item()) / ref.item():.2e}; "
-              f"grad_hidden rel-to-max {rel(hb.grad, ref_gh):.2e}; grad_weight rel-to-max {rel(wb.grad, ref_gw):.2e}")
-        del ref_gh, ref_gw, hb, wb, loss, ref
+        for mode in modes:
+            hb, wb = h.clone().requires_grad_(), w.clone().requires_grad_()
+            loss = fusedops.linear_cross_entropy(hb, wb, t, **mode)
+            loss.backward()
+            print(f"{name} {mode}: loss {loss.item():.6f} ref {ref.item():.6f} "
+                  f"rel {abs(loss.item() - ref.item()) / ref.item():.2e}; grad_hidden rel-to-max "
+                  f"{rel(hb.grad, ref_gh):.2e}; grad_weight rel-to-max {rel(wb.grad, ref_gw):.2e}")
+            del hb, wb, loss
+        del ref_gh, ref_gw, ref
         torch.cuda.empty_cache()
 
         def products():
@@ -52,12 +70,12 @@ def shapes(chunks):
         print(f"{name}: three bf16 products alone {t_mm:.2f} ms ({6 * N * H * V / t_mm / 1e9:.0f} TFLOP/s); "
               f"goal 1.15x = {1.15 * t_mm:.2f} ms")
         for wdtype in (torch.bfloat16, torch.float32):
-            for chunk in chunks:
+            for mode in modes:
                 hx, wx = h.clone().requires_grad_(), w.to(wdtype).requires_grad_()
 
                 def step():
                     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=wdtype == torch.float32):
-                        loss = fusedops.linear_cross_entropy(hx, wx, t, chunk_rows=chunk)
+                        loss = fusedops.linear_cross_entropy(hx, wx, t, **mode)
                     return torch.autograd.grad(loss, (hx, wx))
 
                 ms = do_bench(step)
@@ -69,7 +87,7 @@ def shapes(chunks):
                 torch.cuda.synchronize()
                 extra = (torch.cuda.max_memory_allocated() - base - gh.numel() * gh.element_size()
                          - gw.numel() * gw.element_size())
-                print(f"{name}: weight {str(wdtype)[6:]} chunk_rows={chunk}: {ms:.2f} ms = {ms / t_mm:.3f}x products "
+                print(f"{name}: weight {str(wdtype)[6:]} {mode}: {ms:.2f} ms = {ms / t_mm:.3f}x products "
                       f"({6 * N * H * V / ms / 1e9:.0f} TFLOP/s); memory beyond inputs+grads {extra / GiB:.3f} GiB")
                 del gh, gw, hx, wx
                 torch.cuda.empty_cache()
@@ -104,10 +122,10 @@ def fsdp2():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chunks", default="none", help="comma-separated chunk_rows values ('none': automatic)")
+    parser.add_argument("--modes", default="none,low",
+                        help="comma-separated modes (see the module's docstring)")
     args = parser.parse_args()
-    chunks = [None if c.strip().lower() == "none" else int(c) for c in args.chunks.split(",")]
-    shapes(chunks)
+    shapes([parse_mode(m) for m in args.modes.split(",")])
     fsdp2()
 
 

@@ -108,24 +108,41 @@ STABLE_TORCH_LIBRARY(fusedops, m) {
   // left untouched (the usual loss.backward() costs no pass over the gradient).
   m.def("cross_entropy_backward(Tensor grad_output, Tensor grad_logits) -> Tensor");
   m.def("cross_entropy_backward_(Tensor grad_output, Tensor(a!) grad_logits) -> ()");
+  // Building blocks of linear_cross_entropy's low-memory mode, which makes the logits one slice
+  // of the vocabulary at a time (logits: (rows, S), classes class_start .. class_start + S - 1;
+  // weight: all the class weights). slice_stats_ merges the slice into each row's running
+  // (max, sum of exp, sum of w_j x_j, target's logit) in stats (rows, 4); slice_grad_ turns the
+  // slice into its gradient in place from each row's (lse, cp, ct, cw) in coefs (rows, 4). The
+  // math: csrc/include/fusedops/cross_entropy.h.
+  m.def(
+      "cross_entropy_slice_stats_(Tensor logits, Tensor target, Tensor? weight, int class_start, int ignore_index, "
+      "float? softcap, bool smoothing, Tensor(a!) stats) -> ()");
+  m.def(
+      "cross_entropy_slice_grad_(Tensor(a!) logits, Tensor target, Tensor? weight, int class_start, int ignore_index, "
+      "float? softcap, bool smoothing, Tensor coefs) -> ()");
 
   // Cross-entropy of hidden @ weight.T (+ bias) against class-index targets, never holding the
   // whole (tokens, vocab) logits: rows go through in chunks of chunk_rows (None: as many as fit
   // a fixed byte budget), each chunk's logits made by one matrix product and turned into their
-  // gradient in place by cross_entropy_. The options are cross_entropy's (class_weight is its
+  // gradient in place by cross_entropy_. low_memory: the vocabulary goes through in chunks of
+  // chunk_classes instead (None: a fixed byte budget; cross_entropy_slice_stats_, then
+  // cross_entropy_slice_grad_; one more product, and no float32 buffer of the weight's size). The options are cross_entropy's (class_weight is its
   // `weight`). With compute_grad, also the gradients of the loss (grad_output 1) with respect to
   // hidden (hidden's dtype), weight and bias (float32, float64 for float64 hidden: the
-  // accumulators; bias absent: an empty tensor). bad_target as cross_entropy's. The kernels are
-  // Python composites (src/fusedops/ops/linear_cross_entropy.py): cuBLAS/oneDNN do the products.
+  // accumulators; with low_memory the weight's gradient is in the weight's dtype; bias absent:
+  // an empty tensor). bad_target as cross_entropy's. The kernels are Python composites
+  // (src/fusedops/ops/linear_cross_entropy.py): cuBLAS/oneDNN do the products.
   m.def(
       "linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias=None, "
       "Tensor? class_weight=None, int ignore_index=-100, str reduction=\"mean\", float label_smoothing=0., "
-      "float z_loss=0., float? softcap=None, int? chunk_rows=None, bool compute_grad=False) "
+      "float z_loss=0., float? softcap=None, int? chunk_rows=None, bool low_memory=False, int? chunk_classes=None, "
+      "bool compute_grad=False) "
       "-> (Tensor loss, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias, Tensor bad_target)");
   // The backward by recomputation (reduction "none", or a forward without compute_grad): the
   // gradients for grad_output (0-d for "mean"/"sum", target's shape for "none"), dtypes as above.
   m.def(
       "linear_cross_entropy_backward(Tensor grad_output, Tensor hidden, Tensor weight, Tensor target, "
       "Tensor? bias, Tensor? class_weight, int ignore_index, str reduction, float label_smoothing, float z_loss, "
-      "float? softcap, int? chunk_rows) -> (Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)");
+      "float? softcap, int? chunk_rows, bool low_memory=False, int? chunk_classes=None) "
+      "-> (Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)");
 }

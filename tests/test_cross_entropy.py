@@ -462,3 +462,96 @@ def test_rows_of_every_kernel_width(device, V, options):
     xi = x.clone()
     torch.testing.assert_close(torch.ops.fusedops.cross_entropy_(xi, t, *args)[0], loss, atol=0, rtol=0)
     torch.testing.assert_close(xi, grad, atol=0, rtol=0)
+
+
+# ---- the slice ops (linear_cross_entropy's low-memory mode) ------------------------------------
+
+
+def _slices(V, width):
+    return [(v0, min(V, v0 + width)) for v0 in range(0, V, width)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("options", [{}, {"label_smoothing": 0.1, "z_loss": 0.01, "softcap": 4.0,
+                                          "weighted": True},
+                                     {"label_smoothing": 0.2}], ids=["plain", "all", "smoothing"])
+@pytest.mark.parametrize("width", [1, 7, 16, 53])
+def test_slices_give_cross_entropy(device, dtype, options, width):
+    """Statistics gathered slice by slice (cross_entropy_slice_stats_), finished per row, and the
+    gradient written slice by slice (cross_entropy_slice_grad_) give cross_entropy's loss and
+    gradient on the whole rows, for a per-row grad_output; slices of 1 class, ragged ones, one
+    slice wider than a 16-byte vector, and the whole row at once."""
+    from fusedops.ops.linear_cross_entropy import _finish_rows
+
+    opts = dict(options)
+    weighted = opts.pop("weighted", False)
+    ls, z, cap = opts.get("label_smoothing", 0.0), opts.get("z_loss", 0.0), opts.get("softcap")
+    R, V = 9, 53
+    x, t = _problem(device, dtype, (R, V))
+    t[2] = 52
+    cw = (0.5 + torch.rand(V)).to(device) if weighted else None
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    stats = torch.zeros(R, 4, dtype=acc, device=device)
+    stats[:, 0] = float("-inf")
+    logits = x.detach().clone()
+    for v0, v1 in _slices(V, width):
+        ce_op.slice_stats_(logits[:, v0:v1].contiguous(), t, cw, v0, -100, cap, ls > 0, stats)
+    go = torch.rand(R, device=device, dtype=acc) + 0.5
+    for reduction in ("none", "sum", "mean"):
+        g_out = go if reduction == "none" else go[0]
+        loss, coefs = _finish_rows(stats, t, cw, V, -100, reduction, ls, z, g_out, acc)
+        exp_loss, _lse, exp_grad, _bad = ce_op.forward(x.detach(), t, cw, -100, reduction, ls, z, cap, True)
+        exp_grad = exp_grad.to(acc) * (g_out[:, None] if reduction == "none" else g_out)
+        tol = dict(atol=1e-5, rtol=1e-5) if dtype != torch.bfloat16 else dict(atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(loss, exp_loss.to(acc), **tol)
+        grad = torch.empty_like(logits)
+        for v0, v1 in _slices(V, width):
+            part = logits[:, v0:v1].clone()
+            ce_op.slice_grad_(part, t, cw, v0, -100, cap, ls > 0, coefs)
+            grad[:, v0:v1] = part
+        torch.testing.assert_close(grad.to(acc), exp_grad, **tol)
+        assert (grad[t == -100] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_slice_ops_opcheck_and_errors(device):
+    """opcheck over both slice ops (float32, a strided slice of a wider buffer, int32 targets,
+    float32 class weights with bf16 logits), and their argument errors, each message asserted."""
+    base = torch.randn(6, 40, device=device)
+    t = torch.tensor([0, 5, -100, 39, 12, 7], device=device, dtype=torch.int32)
+    stats = torch.zeros(6, 4, device=device)
+    stats[:, 0] = float("-inf")
+    coefs = torch.rand(6, 4, device=device)
+    cw = torch.rand(40, device=device)
+    for logits, w in ((base[:, 8:24], cw), (base.bfloat16()[:, :16].contiguous(), cw), (base[:, :5], None)):
+        torch.library.opcheck(ce_op.slice_stats_, (logits, t, w, 8, -100, 3.0, True, stats.clone()))
+        torch.library.opcheck(ce_op.slice_grad_, (logits.clone(), t, w, 8, -100, None, True, coefs))
+    x = base[:, :16].contiguous()
+
+    def slice_args(logits=x, target=t, weight=None, start=0, cap=None, state=stats):
+        return (logits, target, weight, start, -100, cap, False, state)
+
+    cases = [
+        (slice_args(logits=base[0]), r"logits must be 2-D \(rows, a slice of the classes\)"),
+        (slice_args(logits=x.int()), r"logits dtype must be float32, bfloat16, float16 or float64"),
+        (slice_args(logits=base[:, ::2]), r"logits must have a contiguous last dimension"),
+        (slice_args(target=t.float()), r"target dtype must be int64 or int32, got float32"),
+        (slice_args(target=t[:5]), r"target must have shape \[6\] \(one class index per row"),
+        (slice_args(start=-1), r"class_start must be >= 0, got -1"),
+        (slice_args(weight=cw, start=30),
+         r"weight must be a 1-D tensor of the class weights of every class, at least class_start \+ "
+         r"logits.size\(1\) = 46"),
+        (slice_args(weight=cw.half()), r"weight dtype float16 does not go with logits dtype float32"),
+        (slice_args(cap=0.0), r"softcap must be a finite number > 0 \(or None\), got 0"),
+        (slice_args(state=stats[:, :3]), r"stats must have shape \[6, 4\], got shape \[6, 3\]"),
+        (slice_args(state=stats.double()), r"stats dtype must be float32 for float32 logits"),
+        (slice_args(state=stats.t().contiguous().t()), r"stats must be contiguous"),
+    ]
+    for args, match in cases:
+        with pytest.raises(ValueError, match="cross_entropy_slice_stats_: " + match):
+            ce_op.slice_stats_(*args)
+    with pytest.raises(ValueError, match=r"cross_entropy_slice_grad_: coefs must have shape \[6, 4\]"):
+        ce_op.slice_grad_(x, t, None, 0, -100, None, False, coefs[:4])
+    with pytest.raises(ValueError, match=r"cross_entropy_slice_grad_: logits has elements that share memory"):
+        ce_op.slice_grad_(*slice_args(logits=torch.zeros(1, 16, device=device).expand(6, 16), state=coefs))

@@ -1,6 +1,8 @@
 """linear_cross_entropy beyond the generic suites: every option in float64 against the
-materialised reference to 1e-6, chunk boundaries, the whole-batch "mean" denominator, incoming
-gradients other than 1, retain_graph, torch.compile, autocast, bad targets, the nn module."""
+materialised reference to 1e-6 in both modes (chunks of rows; low_memory, chunks of classes),
+chunk boundaries, the whole-batch "mean" denominator, incoming gradients other than 1,
+retain_graph, torch.compile, autocast, bad targets, the low-memory mode's memory on a GPU, the nn
+module."""
 
 import itertools
 
@@ -13,6 +15,9 @@ from fusedops.testing.linear_cross_entropy import reference
 from conftest import device_params
 
 DEVICES = device_params()
+# The two modes, with chunk boundaries inside the small shapes below.
+MODES = [pytest.param({"chunk_rows": 4}, id="rows"), pytest.param({"low_memory": True, "chunk_classes": 5},
+                                                                 id="low_memory")]
 
 
 def _inputs(N, H, V, device, dtype=torch.float64, bias=True, ignore_every=3, seed=0):
@@ -41,9 +46,11 @@ def _close(a, b, rtol=1e-6, what=""):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_every_option_fp64(device, reduction):
+@pytest.mark.parametrize("mode", MODES)
+def test_every_option_fp64(device, reduction, mode):
     """Values and gradients (hidden, weight, bias) of every combination of options equal the
-    materialised float64 reference to 1e-6, with chunks of 4 rows over 11 (a partial last one)."""
+    materialised float64 reference to 1e-6, with chunks of 4 rows over 11 (a partial last one),
+    or with low_memory chunks of 5 classes over 23."""
     N, H, V = 11, 6, 23
     for bias, weighted, ls, z, cap in itertools.product([False, True], [False, True], [0.0, 0.2], [0.0, 0.05],
                                                         [None, 3.0]):
@@ -51,7 +58,7 @@ def test_every_option_fp64(device, reduction):
         cw = (0.25 + torch.rand(V, dtype=torch.float64)).to(device) if weighted else None
         kw = dict(reduction=reduction, label_smoothing=ls, z_loss=z, softcap=cap, class_weight=cw)
         what = f"{reduction} bias={bias} class_weight={weighted} ls={ls} z={z} softcap={cap}"
-        loss = fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=4, **kw)
+        loss = fusedops.linear_cross_entropy(h, w, t, b, **mode, **kw)
         ref = reference(h, w, t, b, cw, -100, reduction, ls, z, cap)
         _close(loss, ref, what=what + " loss")
         go = torch.rand_like(ref) + 0.5
@@ -63,7 +70,8 @@ def test_every_option_fp64(device, reduction):
 @pytest.mark.parametrize("N", [0, 1, 5, 8, 13])
 def test_chunk_boundaries(device, N):
     """Chunks of 1, 4, 5, 8 and 64 rows (N a multiple, not a multiple, smaller than a chunk,
-    empty) and the automatic size give the same results."""
+    empty) and the automatic size give the same results; so do low_memory chunks of 1, 4, 19
+    (the whole vocabulary) and 64 classes, and the automatic size."""
     H, V = 5, 19
     for reduction in ("mean", "sum", "none"):
         if reduction == "mean" and N == 0:
@@ -74,9 +82,11 @@ def test_chunk_boundaries(device, N):
         ref = reference(h, w, t, b, reduction=reduction)
         go = torch.rand_like(ref) + 0.5
         ref_grads = _grads(ref, [h, w, b], go)
-        for chunk in (1, 4, 5, 8, 64, None):
-            loss = fusedops.linear_cross_entropy(h, w, t, b, reduction=reduction, chunk_rows=chunk)
-            what = f"N={N} {reduction} chunk={chunk}"
+        modes = [{"chunk_rows": c} for c in (1, 4, 5, 8, 64, None)]
+        modes += [{"low_memory": True, "chunk_classes": c} for c in (1, 4, 19, 64, None)]
+        for mode in modes:
+            loss = fusedops.linear_cross_entropy(h, w, t, b, reduction=reduction, **mode)
+            what = f"N={N} {reduction} {mode}"
             assert loss.shape == ref.shape, what
             _close(loss, ref, what=what)
             for got, exp in zip(_grads(loss, [h, w, b], go), ref_grads):
@@ -98,6 +108,42 @@ def test_automatic_chunk_follows_the_byte_budget(monkeypatch):
     loss = fusedops.linear_cross_entropy(h, w, t, b)
     assert seen == [2]
     _close(loss, expected)
+
+
+def test_low_memory_automatic_chunk_follows_the_byte_budget(monkeypatch):
+    """low_memory with chunk_classes=None takes as many classes as keep every row's logits
+    within SLICE_BYTES, a multiple of 128 and at least 128; the results do not depend on it."""
+    assert lce_op.slice_classes_for(8192, 256000, 2) == lce_op.SLICE_BYTES // (8192 * 2) // 128 * 128 == 2048
+    assert lce_op.slice_classes_for(10**8, 256000, 2) == 128
+    assert lce_op.slice_classes_for(4, 1000, 4) == 1000
+    assert lce_op.slice_classes_for(4, 1000, 4, chunk_classes=7) == 7
+    h, w, b, t = _inputs(9, 4, 300, "cpu")
+    expected = fusedops.linear_cross_entropy(h, w, t, b)
+    seen = []
+    real = lce_op.slice_classes_for
+    monkeypatch.setattr(lce_op, "slice_classes_for", lambda *a: seen.append(real(*a)) or seen[-1])
+    monkeypatch.setattr(lce_op, "SLICE_BYTES", 9 * 8 * 130)
+    loss = fusedops.linear_cross_entropy(h, w, t, b, low_memory=True)
+    assert seen == [128]  # (300 classes: chunks of 128, 128, 44)
+    _close(loss, expected)
+
+
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float32])
+def test_low_memory_weight_gradient_dtype(wdtype):
+    """low_memory returns the weight's gradient in the weight's dtype (bf16 hidden with a bf16
+    or a float32 weight), made by one product over every row with float32 accumulation inside
+    it, and close to the default mode's float32-accumulated one."""
+    h, w, b, t = _inputs(40, 16, 90, "cpu", dtype=torch.bfloat16, bias=False)
+    wn = w.detach().to(wdtype).requires_grad_()
+    low = fusedops.linear_cross_entropy(h, wn, t, low_memory=True, chunk_classes=32)
+    rows = fusedops.linear_cross_entropy(h, wn, t, chunk_rows=8)
+    (g_low,) = torch.autograd.grad(low, wn)
+    (g_rows,) = torch.autograd.grad(rows, wn)
+    assert g_low.dtype == g_rows.dtype == wdtype
+    _close(low.double(), rows.double(), rtol=1e-2, what="loss")
+    # Both modes round the logits' gradient to bf16 before the products; they differ by the
+    # order of float32 sums and (bf16 weight) one rounding of the result.
+    _close(g_low.double(), g_rows.double(), rtol=1e-2, what="grad_weight")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -178,11 +224,12 @@ def test_only_some_inputs_need_grad():
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_registered_op_without_compute_grad_recomputes(reduction):
+@pytest.mark.parametrize("mode", MODES)
+def test_registered_op_without_compute_grad_recomputes(reduction, mode):
     """The registered op called with compute_grad=False on inputs that need gradients: its
     backward recomputes them (linear_cross_entropy_backward) and gets them right."""
     h, w, b, t = _inputs(9, 4, 13, "cpu")
-    loss = lce_op.forward(h, w, t, b, None, -100, reduction, 0.1, 0.01, None, 4, False)[0]
+    loss = lce_op.forward(h, w, t, b, None, -100, reduction, 0.1, 0.01, None, **mode, compute_grad=False)[0]
     ref = reference(h, w, t, b, None, -100, reduction, 0.1, 0.01)
     for a, e in zip(torch.autograd.grad(loss, [h, w, b], torch.tensor(1.7, dtype=torch.float64)),
                     torch.autograd.grad(ref, [h, w, b], torch.tensor(1.7, dtype=torch.float64))):
@@ -221,11 +268,50 @@ def test_bad_target_on_gpu():
         fusedops.linear_cross_entropy(h, w, good, b, chunk_rows=2)
     loss = fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=2, check_target=False)
     assert torch.isnan(loss)
+    # The same in the low-memory mode.
+    with pytest.raises(ValueError, match=message):
+        fusedops.linear_cross_entropy(h, w, t, b, low_memory=True, chunk_classes=5, check_target="sync")
+    loss = fusedops.linear_cross_entropy(h, w, t, b, low_memory=True, chunk_classes=5, check_target=False)
+    assert torch.isnan(loss)
+    per_row = fusedops.linear_cross_entropy(h, w, t, b, reduction="none", low_memory=True, check_target=False)
+    assert torch.isnan(per_row[4]) and torch.isfinite(per_row[torch.arange(6) != 4]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float32])
+def test_low_memory_mode_memory_on_gpu(wdtype):
+    """What low_memory is for: beyond the inputs and the returned gradients, the peak holds one
+    chunk of logits, the float32 copy of grad_hidden and a chunk of the weight in bf16 (float32
+    weight), never a (V, H) float32 buffer; the default mode's float32 accumulator is (V, H)."""
+    N, H, V = 512, 256, 32000
+    h, w, b, t = _inputs(N, H, V, "cuda", dtype=torch.bfloat16, bias=False)
+    w = w.detach().to(wdtype).requires_grad_()
+    S = 1024
+
+    def extra(**mode):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=wdtype == torch.float32):
+            loss = fusedops.linear_cross_entropy(h, w, t, **mode)
+        gh, gw = torch.autograd.grad(loss, [h, w])
+        torch.cuda.synchronize()
+        grads = gh.numel() * gh.element_size() + gw.numel() * gw.element_size()
+        return torch.cuda.max_memory_allocated() - base - grads
+
+    allowed = N * S * 2 + N * H * 4 + (S * H * 2 if wdtype == torch.float32 else 0) + 2**20
+    low = extra(low_memory=True, chunk_classes=S)
+    assert low <= allowed, (low, allowed)
+    if wdtype == torch.bfloat16:
+        assert extra(chunk_rows=N) >= V * H * 4  # (the default mode's accumulator, for contrast)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_compile_fullgraph(device, reduction):
+@pytest.mark.parametrize("mode", [{"chunk_rows": 5}, {"low_memory": True, "chunk_classes": 8}],
+                         ids=["rows", "low_memory"])
+def test_compile_fullgraph(device, reduction, mode):
     """torch.compile(fullgraph=True) of a training step's loss (shift, view, loss): no graph
     break, and forward and gradients equal eager."""
     from torch._dynamo.utils import counters
@@ -236,7 +322,7 @@ def test_compile_fullgraph(device, reduction):
     def step(hidden, weight, labels):
         h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
         loss = fusedops.linear_cross_entropy(h, weight, labels[:, 1:].reshape(-1), reduction=reduction,
-                                             z_loss=1e-3, chunk_rows=5)
+                                             z_loss=1e-3, **mode)
         return loss if reduction == "mean" else loss.sum() / 7
 
     compiled = torch.compile(step, fullgraph=True, dynamic=True)
@@ -266,7 +352,7 @@ def test_autocast_fp32_parameters_bf16():
     assert h.grad.dtype == w.grad.dtype == b.grad.dtype == torch.float32
     # The same as the op called with bf16 hidden and the float32 parameters.
     _l, gh, gw, gb, _bad = lce_op.forward(h.detach().bfloat16(), w.detach(), t, b.detach(), None, -100, "mean", 0.0,
-                                          0.0, None, 5, True)
+                                          0.0, None, 5, compute_grad=True)
     torch.testing.assert_close(w.grad, gw, atol=0, rtol=0)
     torch.testing.assert_close(b.grad, gb, atol=0, rtol=0)
     torch.testing.assert_close(h.grad, gh.float(), atol=0, rtol=0)

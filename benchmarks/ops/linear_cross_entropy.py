@@ -16,9 +16,10 @@ Providers: "eager" (the materialised path as Hugging Face's causal-LM loss runs 
 from hidden @ weight.T, upcast to fp32, torch.nn.functional.cross_entropy); "torch.compile"
 (the fp32 reference below compiled whole); "liger" (LigerFusedLinearCrossEntropyFunction);
 "cut-cross-entropy" (cut_cross_entropy.linear_cross_entropy); the subject "fusedops-<backend>"
-(``fusedops.linear_cross_entropy``, automatic chunk size: 64 MiB of logits) and
-"fusedops+chunk4096-<backend>" (chunks of 4096 rows: faster, more memory). Peak memory per call
-is recorded: the point of the op.
+(``fusedops.linear_cross_entropy``, automatic chunk size: 1 GiB of logits on a GPU),
+"fusedops+chunk4096-<backend>" (chunks of 4096 rows) and "fusedops+low_memory-<backend>"
+(chunks of classes: four products instead of three, no float32 buffer of the weight's size).
+Peak memory per call is recorded: the point of the op.
 """
 
 from __future__ import annotations
@@ -124,14 +125,14 @@ def _cce(case, device):
     return run
 
 
-def _fusedops_factory(chunk_rows):
+def _fusedops_factory(**mode):
     def factory(case, device):
         import fusedops
 
         f = fusedops.linear_cross_entropy
 
         def run(hidden, weight, target):
-            return f(hidden, weight, target, ignore_index=IGNORE, chunk_rows=chunk_rows)
+            return f(hidden, weight, target, ignore_index=IGNORE, **mode)
 
         return run
 
@@ -142,7 +143,7 @@ def _fusedops_raw(case, device):
     op = torch.ops.fusedops.linear_cross_entropy.default
 
     def run(hidden, weight, target):
-        return op(hidden, weight, target, None, None, IGNORE, "mean", 0.0, 0.0, None, None, False)[0]
+        return op(hidden, weight, target, None, None, IGNORE, "mean", 0.0, 0.0, None)[0]
 
     return run
 
@@ -171,8 +172,9 @@ ENTRY = OpEntry(
         _common.compiled_provider(reference),
         Provider("liger", _probe_liger, _liger),
         Provider("cut-cross-entropy", _probe_cce, _cce),
-        *_common.fusedops_providers("linear_cross_entropy", _fusedops_factory(None), _fusedops_raw,
-                                    variants={"chunk4096": _fusedops_factory(4096)}),
+        *_common.fusedops_providers("linear_cross_entropy", _fusedops_factory(), _fusedops_raw,
+                                    variants={"chunk4096": _fusedops_factory(chunk_rows=4096),
+                                              "low_memory": _fusedops_factory(low_memory=True)}),
     ],
     modes=("fwd", "fwd+bwd"),
     measure_memory=True,

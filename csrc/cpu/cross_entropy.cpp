@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "fusedops/cpu_convert.h"
@@ -262,6 +263,95 @@ void run_weight(const Problem& p, Outputs& o, const char* op) {
     run_typed<T, W, int64_t>(p, o, op);
 }
 
+// ---- slices of the classes (linear_cross_entropy's low-memory mode) ----------------------
+// Each row's slice goes through row_stats / row_grad with the weights shifted to the slice's
+// first class; the running statistics are merged per row (rows are independent: no order to
+// keep across threads).
+
+// Calls f with the row functions' options as one constant: bit 2 softcap, 1 weighted, 0 smooth.
+template <typename F>
+void with_row_kind(bool softcap, bool weighted, bool smooth, F&& f) {
+  if (!smooth) {
+    softcap ? f(std::integral_constant<int, 0b100>{}) : f(std::integral_constant<int, 0b000>{});
+  } else if (softcap) {
+    weighted ? f(std::integral_constant<int, 0b111>{}) : f(std::integral_constant<int, 0b101>{});
+  } else {
+    weighted ? f(std::integral_constant<int, 0b011>{}) : f(std::integral_constant<int, 0b001>{});
+  }
+}
+
+template <typename T, typename W, typename I>
+void slice_typed(const SliceProblem& s, bool grad) {
+  using A = acc_t<T>;
+  constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+  Args<T, W> a;
+  a.V = s.S;
+  a.softcap = A(s.softcap);
+  if (s.weight) a.weight = s.weight->const_data_ptr<W>() + s.class_start;
+  const I* target = s.target.const_data_ptr<I>();
+  T* logits = static_cast<T*>(s.logits.mutable_data_ptr());
+  A* state = s.state.mutable_data_ptr<A>();
+  const bool softcap = s.softcap > 0, weighted = a.weight != nullptr, smooth = s.smoothing;
+  const int64_t grain = std::max<int64_t>(1, 16384 / s.S);
+  torch::stable::parallel_for(0, s.R, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = int64_t(target[i]);
+      T* x = logits + s.rows.offset(i);
+      A* r = state + 4 * i;
+      if (t == s.ignore_index) {
+        if (grad) zero_row(x, s.S);
+        continue;
+      }
+      const int64_t tl = t - s.class_start;
+      const bool holds_target = tl >= 0 && tl < s.S;
+      // The target's value, before a gradient overwrites it.
+      const A xt = holds_target ? (softcap ? value<true>(x[tl], a.softcap) : value<false>(x[tl], a.softcap)) : A(0);
+      with_row_kind(softcap, weighted, smooth, [&](auto kind) {
+        constexpr int k = decltype(kind)::value;
+        constexpr bool kCap = (k & 0b100) != 0, kW = (k & 0b010) != 0, kS = (k & 0b001) != 0;
+        if (!grad) {
+          A m, sum, wx;
+          row_stats<kCap, kW, kS>(a, x, m, sum, wx);
+          if (m > r[0]) {
+            r[1] = (r[0] == kNegInf ? A(0) : r[1] * exp_acc(r[0] - m)) + sum;
+            r[0] = m;
+          } else if (m != kNegInf) {
+            r[1] += sum * exp_acc(m - r[0]);  // (a NaN maximum is carried by the sum, as row_stats does)
+          }
+          if constexpr (kS) r[2] += wx;
+        } else {
+          row_grad<kCap, kW, kS>(a, x, x, r[0], r[1], r[3]);
+        }
+      });
+      if (!holds_target) continue;
+      if (!grad) {
+        r[3] = xt;
+        continue;
+      }
+      // The target's element, once more with its own term (as run_typed does).
+      A d = exp_acc(xt - r[0]) * r[1] - r[2];
+      if (smooth) d -= r[3] * (weighted ? A(to_acc(a.weight[tl])) : A(1));
+      if (softcap) {
+        const A u = xt / a.softcap;
+        d *= A(1) - u * u;
+      }
+      x[tl] = from_acc<T>(d);
+    }
+  });
+}
+
+void run_slice(const SliceProblem& s, bool grad, const char* op) {
+  dispatch_float(s.dtype, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const bool t32 = s.target.scalar_type() == ScalarType::Int;
+    if constexpr (!std::is_same_v<T, float>) {
+      if (s.weight && s.weight->scalar_type() == ScalarType::Float)
+        return t32 ? slice_typed<T, float, int32_t>(s, grad) : slice_typed<T, float, int64_t>(s, grad);
+    }
+    t32 ? slice_typed<T, T, int32_t>(s, grad) : slice_typed<T, T, int64_t>(s, grad);
+  });
+}
+
 struct Kernels {
   static void forward(const Problem& p, Outputs& o, const char* op) {
     if (p.target.scalar_type() == ScalarType::Int)
@@ -300,6 +390,9 @@ struct Kernels {
     });
   }
 
+  static void slice_stats(const SliceProblem& s) { run_slice(s, false, "cross_entropy_slice_stats_"); }
+  static void slice_grad(const SliceProblem& s) { run_slice(s, true, "cross_entropy_slice_grad_"); }
+
   template <typename T>
   FUSEDOPS_CPU_MULTIVERSION static void scale_row(const T* g, T* y, acc_t<T> k, int64_t V) {
 #pragma omp simd
@@ -316,4 +409,6 @@ STABLE_TORCH_LIBRARY_IMPL(fusedops, CPU, m) {
   m.impl("cross_entropy_", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_inplace<K>));
   m.impl("cross_entropy_backward", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_backward<K>));
   m.impl("cross_entropy_backward_", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_backward_inplace<K>));
+  m.impl("cross_entropy_slice_stats_", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_slice_stats<K>));
+  m.impl("cross_entropy_slice_grad_", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_slice_grad<K>));
 }

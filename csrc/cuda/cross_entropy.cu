@@ -34,6 +34,8 @@
 // 3. sum_kernel, one block: "mean"/"sum" add the per-row losses in row order.
 // The backward (scale_kernel) multiplies the gradient by grad_output, read on the device; in
 // place, a row whose scale is exactly 1 is skipped, so loss.backward() reads nothing.
+// linear_cross_entropy's low-memory mode has two kernels of its own over slices of the classes
+// (slice_stats_kernel, slice_grad_kernel): a block per row walking the slice as the sweep does.
 // Offsets are 64-bit; columns within a row are 32-bit (V < 2^31 is checked).
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
@@ -561,35 +563,16 @@ __global__ void __launch_bounds__(kCombineThreads)
   finish_row<T>(a, load_scales(a), row, t, m, s, wx, xt, lane == 0);
 }
 
-// The sweeping kernel: a block per row, the row read once for its statistics (online) and again
-// for the gradient. VEC elements per access (16 bytes when the row allows, else 1).
-template <typename T, int VEC, bool kGrad>
-__global__ void __launch_bounds__(kThreads) sweep_kernel(const Args<acc_t<T>> a) {
+// A block's walk over a row of a.V values, VEC at a time (16 bytes when the row allows, else 1):
+// each thread's (max, sum of exp, sum of w_j x_j), online, for row_combine.
+template <typename T, int VEC>
+__device__ __forceinline__ void sweep_stats(const Args<acc_t<T>>& a, const T* x, acc_t<T>& m, acc_t<T>& s,
+                                            acc_t<T>& wx) {
   using A = acc_t<T>;
-  __shared__ A sh[kShared];
-  const int64_t row = blockIdx.x;
-  const int64_t t = target_at(a.target, a.target32, row);
-  T* g = kGrad ? static_cast<T*>(a.grad) + a.grad_rows.offset(row) : nullptr;
-  const int64_t V = a.V;
-  if (t == a.ignore_index) {
-    if (threadIdx.x == 0) {
-      a.lse[row] = 0;
-      a.rowloss[row] = 0;
-    }
-    if constexpr (kGrad) {
-      for (int64_t j = int64_t(threadIdx.x) * VEC; j < V; j += int64_t(kThreads) * VEC) {
-        if constexpr (VEC > 1) {
-          zero_columns<T, VEC>(g, j);
-        } else {
-          g[j] = from_acc<T>(A(0));
-        }
-      }
-    }
-    return;
-  }
-  const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
-  A m = neg_inf<A>(), s = 0, wx = 0;
-  for (int64_t j = int64_t(threadIdx.x) * VEC; j < V; j += int64_t(kThreads) * VEC) {
+  m = neg_inf<A>();
+  s = 0;
+  wx = 0;
+  for (int64_t j = int64_t(threadIdx.x) * VEC; j < a.V; j += int64_t(blockDim.x) * VEC) {
     A v[VEC];
     if constexpr (VEC > 1) {
       const Vec<T, VEC> raw = load_vec<T, VEC>(x + j);
@@ -614,22 +597,107 @@ __global__ void __launch_bounds__(kThreads) sweep_kernel(const Args<acc_t<T>> a)
       for (int e = 0; e < VEC; ++e) wx += (a.weighted ? weight_at<T>(a, j + e) : A(1)) * v[e];
     }
   }
+}
+
+// The block's walk writing the gradient of a row (g may be x itself: each value is read by the
+// thread that writes it), or zeros when c is null (an ignored row; x is not read).
+template <typename T, int VEC>
+__device__ __forceinline__ void sweep_grad(const Args<acc_t<T>>& a, const RowCoefs<T, acc_t<T>>* c, const T* x, T* g,
+                                           int64_t t) {
+  using A = acc_t<T>;
+  for (int64_t j = int64_t(threadIdx.x) * VEC; j < a.V; j += int64_t(blockDim.x) * VEC) {
+    if (c == nullptr) {
+      if constexpr (VEC > 1) {
+        zero_columns<T, VEC>(g, j);
+      } else {
+        g[j] = from_acc<T>(A(0));
+      }
+    } else if constexpr (VEC > 1) {
+      const Vec<T, VEC> raw = load_vec<T, VEC>(x + j);
+      A d[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) d[e] = grad_at<T>(a, *c, capped(A(to_acc(raw.v[e])), a), j + e, t);
+      store_from_acc<T, VEC>(g + j, d);
+    } else {
+      g[j] = from_acc<T>(grad_at<T>(a, *c, capped(A(to_acc(x[j])), a), j, t));
+    }
+  }
+}
+
+// The sweeping kernel: a block per row, the row read once for its statistics (online) and again
+// for the gradient.
+template <typename T, int VEC, bool kGrad>
+__global__ void __launch_bounds__(kThreads) sweep_kernel(const Args<acc_t<T>> a) {
+  using A = acc_t<T>;
+  __shared__ A sh[kShared];
+  const int64_t row = blockIdx.x;
+  const int64_t t = target_at(a.target, a.target32, row);
+  T* g = kGrad ? static_cast<T*>(a.grad) + a.grad_rows.offset(row) : nullptr;
+  if (t == a.ignore_index) {
+    if (threadIdx.x == 0) {
+      a.lse[row] = 0;
+      a.rowloss[row] = 0;
+    }
+    if constexpr (kGrad) sweep_grad<T, VEC>(a, nullptr, nullptr, g, t);
+    return;
+  }
+  const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
+  A m, s, wx;
+  sweep_stats<T, VEC>(a, x, m, s, wx);
   const A xt = threadIdx.x == 0 ? target_logit(a, x, t) : A(0);  // (before the barrier, as above)
   row_combine<A>(m, s, wx, sh, nullptr);
   const RowCoefs<T, A> c = finish_row<T>(a, load_scales(a), row, t, m, s, wx, xt, threadIdx.x == 0);
-  if constexpr (kGrad) {
-    for (int64_t j = int64_t(threadIdx.x) * VEC; j < V; j += int64_t(kThreads) * VEC) {
-      if constexpr (VEC > 1) {
-        const Vec<T, VEC> raw = load_vec<T, VEC>(x + j);
-        A d[VEC];
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) d[e] = grad_at<T>(a, c, capped(A(to_acc(raw.v[e])), a), j + e, t);
-        store_from_acc<T, VEC>(g + j, d);
-      } else {
-        g[j] = from_acc<T>(grad_at<T>(a, c, capped(A(to_acc(x[j])), a), j, t));
-      }
-    }
+  if constexpr (kGrad) sweep_grad<T, VEC>(a, &c, x, g, t);
+}
+
+// ---- slices of the classes (linear_cross_entropy's low-memory mode) ------------------------
+//
+// A block of kSliceThreads per row walks the row's slice (a few thousand classes: that mode
+// keeps a slice of every row's logits within a small byte budget). a.V is the slice's width and
+// a.weight starts at its first class; targets are compared as t - class_start. The statistics
+// kernel reduces as the sweep does and thread 0 merges the result into the row's running
+// values: slices are launched one after another on a stream, so no two blocks share a row.
+constexpr int kSliceThreads = 256;
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kSliceThreads)
+    slice_stats_kernel(const Args<acc_t<T>> a, int64_t class_start, acc_t<T>* stats) {
+  using A = acc_t<T>;
+  __shared__ A sh[kShared];
+  const int64_t row = blockIdx.x;
+  const int64_t t = target_at(a.target, a.target32, row);
+  if (t == a.ignore_index) return;
+  const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
+  A m, s, wx;
+  sweep_stats<T, VEC>(a, x, m, s, wx);
+  row_combine<A>(m, s, wx, sh, nullptr);
+  if (threadIdx.x != 0) return;
+  A* r = stats + 4 * row;
+  if (m > r[0]) {
+    r[1] = (r[0] == neg_inf<A>() ? A(0) : r[1] * a_exp(r[0] - m)) + s;
+    r[0] = m;
+  } else if (m != neg_inf<A>()) {
+    r[1] += s * a_exp(m - r[0]);  // (a NaN maximum is carried by the sum, as in sweep_stats)
   }
+  if (a.smoothing) r[2] += wx;
+  const int64_t tl = t - class_start;
+  if (tl >= 0 && tl < a.V) r[3] = capped(A(to_acc(x[tl])), a);
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kSliceThreads)
+    slice_grad_kernel(const Args<acc_t<T>> a, int64_t class_start, const acc_t<T>* coefs) {
+  using A = acc_t<T>;
+  const int64_t row = blockIdx.x;
+  const int64_t t = target_at(a.target, a.target32, row);
+  T* g = static_cast<T*>(a.grad) + a.grad_rows.offset(row);
+  if (t == a.ignore_index) {
+    sweep_grad<T, VEC>(a, nullptr, nullptr, g, t);
+    return;
+  }
+  const A* k = coefs + 4 * row;
+  const RowCoefs<T, A> c{k[0], k[1], k[2], k[3]};
+  sweep_grad<T, VEC>(a, &c, g, g, t - class_start);
 }
 
 // One block: the "mean" denominators, the sum of the class weights and the first bad target.
@@ -940,6 +1008,55 @@ void scale_typed(const ScaleProblem& s, const Tensor& out, const RowLayout& out_
   check_launch(op);
 }
 
+template <typename T>
+void slice_typed(const SliceProblem& s, bool grad, const char* op) {
+  using DT = device_t<T>;
+  using A = acc_t<T>;
+  constexpr int kVec = 16 / sizeof(T);
+  FUSEDOPS_CHECK(s.R < (int64_t(1) << 31), op, ": too many rows (", s.R, ")");
+  FUSEDOPS_CHECK(s.S < (int64_t(1) << 31), op, ": slice too wide (", s.S, " classes)");
+  const cudaStream_t stream = current_stream(s.device_index);
+  const bool w32 = s.weight && s.weight->scalar_type() == ScalarType::Float && s.dtype != ScalarType::Float;
+  Args<A> a{};
+  a.x = s.logits.const_data_ptr();
+  a.rows = s.rows;
+  a.target = s.target.const_data_ptr();
+  a.target32 = s.target.scalar_type() == ScalarType::Int;
+  if (s.weight)  // (from the slice's first class on)
+    a.weight = static_cast<const char*>(s.weight->const_data_ptr()) + s.class_start * (w32 ? 4 : int64_t(sizeof(T)));
+  a.weight32 = w32;
+  a.weighted = s.weight.has_value();
+  a.grad = grad ? s.logits.mutable_data_ptr() : nullptr;
+  a.grad_rows = s.rows;
+  a.ignore_index = s.ignore_index;
+  a.V = int(s.S);
+  a.softcap = s.softcap > 0;
+  a.smoothing = s.smoothing;
+  a.cap = A(s.softcap > 0 ? s.softcap : 1.0);
+  a.inv_cap = A(1.0 / (s.softcap > 0 ? s.softcap : 1.0));
+  const bool vector = s.S % kVec == 0 && aligned16(a.x) && rows_aligned(s.rows, kVec);
+  const unsigned blocks = unsigned(s.R);
+  if (grad) {
+    const A* coefs = s.state.const_data_ptr<A>();
+    if (vector)
+      slice_grad_kernel<DT, kVec><<<blocks, kSliceThreads, 0, stream>>>(a, s.class_start, coefs);
+    else
+      slice_grad_kernel<DT, 1><<<blocks, kSliceThreads, 0, stream>>>(a, s.class_start, coefs);
+  } else {
+    A* stats = s.state.mutable_data_ptr<A>();
+    if (vector)
+      slice_stats_kernel<DT, kVec><<<blocks, kSliceThreads, 0, stream>>>(a, s.class_start, stats);
+    else
+      slice_stats_kernel<DT, 1><<<blocks, kSliceThreads, 0, stream>>>(a, s.class_start, stats);
+  }
+  check_launch(op);
+}
+
+void run_slice(const SliceProblem& s, bool grad, const char* op) {
+  torch::stable::accelerator::DeviceGuard guard(s.device_index);
+  dispatch_float(s.dtype, op, [&](auto tag) { slice_typed<typename decltype(tag)::type>(s, grad, op); });
+}
+
 struct Kernels {
   static void forward(const Problem& p, Outputs& o, const char* op) {
     torch::stable::accelerator::DeviceGuard guard(p.device_index);
@@ -951,6 +1068,9 @@ struct Kernels {
     torch::stable::accelerator::DeviceGuard guard(s.device_index);
     dispatch_float(s.dtype, op, [&](auto tag) { scale_typed<typename decltype(tag)::type>(s, out, out_rows, in_place, op); });
   }
+
+  static void slice_stats(const SliceProblem& s) { run_slice(s, false, "cross_entropy_slice_stats_"); }
+  static void slice_grad(const SliceProblem& s) { run_slice(s, true, "cross_entropy_slice_grad_"); }
 };
 
 }  // namespace
@@ -962,4 +1082,6 @@ STABLE_TORCH_LIBRARY_IMPL(fusedops, CUDA, m) {
   m.impl("cross_entropy_", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_inplace<K>));
   m.impl("cross_entropy_backward", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_backward<K>));
   m.impl("cross_entropy_backward_", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_backward_inplace<K>));
+  m.impl("cross_entropy_slice_stats_", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_slice_stats<K>));
+  m.impl("cross_entropy_slice_grad_", TORCH_BOX(&fusedops::cross_entropy::cross_entropy_slice_grad<K>));
 }

@@ -437,6 +437,8 @@ def linear_cross_entropy(
     softcap: Optional[float] = None,
     class_weight: Optional[Tensor] = None,
     chunk_rows: Optional[int] = None,
+    low_memory: bool = False,
+    chunk_classes: Optional[int] = None,
     check_target: Union[bool, str] = True,
 ) -> Tensor:
     r"""``fusedops.cross_entropy(hidden @ weight.T + bias, target, ...)`` and its gradients with
@@ -459,6 +461,15 @@ def linear_cross_entropy(
             ``fusedops.ops.linear_cross_entropy.CHUNK_BYTES_CUDA`` (1 GiB) on a GPU,
             ``CHUNK_BYTES`` (64 MiB) on the CPU. Larger chunks make the products faster and
             cost that many more bytes.
+        low_memory: walk the vocabulary in chunks of classes instead of the rows in chunks:
+            besides the inputs and the gradients, only one chunk of every row's logits, a float32
+            copy of the gradient of ``hidden`` (when hidden is narrower) and 16 bytes a row, with
+            no float32 buffer of the weight's size; the weight's gradient comes in the weight's
+            dtype (accumulated in float32 inside the matrix products). Costs one more matrix
+            product (four instead of three). Not with ``chunk_rows``.
+        chunk_classes: with ``low_memory``, classes per chunk; ``None`` picks as many as keep
+            one chunk of logits within ``fusedops.ops.linear_cross_entropy.SLICE_BYTES`` (32
+            MiB), at least 128.
 
     Returns:
         The loss: 0-d for ``"mean"``/``"sum"``, target's shape for ``"none"``; in hidden's dtype
@@ -472,7 +483,7 @@ def linear_cross_entropy(
     if not compiling:
         _linear_cross_entropy.check(
             "linear_cross_entropy", hidden, weight, target, bias, class_weight, ignore_index, reduction,
-            label_smoothing, z_loss, softcap, chunk_rows,
+            label_smoothing, z_loss, softcap, chunk_rows, low_memory, chunk_classes,
         )
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
@@ -481,7 +492,8 @@ def linear_cross_entropy(
         _linear_cross_entropy._refuse_class_weight_grad(class_weight)
     loss, _gh, _gw, _gb, bad = _linear_cross_entropy_op(
         hidden, weight, target, bias, class_weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
-        None if softcap is None else float(softcap), chunk_rows, needs_grad and reduction != "none",
+        None if softcap is None else float(softcap), chunk_rows, bool(low_memory), chunk_classes,
+        needs_grad and reduction != "none",
     )
     if gpu_check is not None:
         gpu_check.finish(bad, _cross_entropy.target_message("linear_cross_entropy", target, weight.shape[0], ignore_index))

@@ -276,4 +276,110 @@ void cross_entropy_backward_inplace(Tensor grad_output, Tensor grad_logits) {
   if (s.R > 0 && s.V > 0) K::scale(s, s.grad, s.rows, true, op);
 }
 
+// ---- slices of the classes: the building blocks of linear_cross_entropy(low_memory=True) ----
+//
+// That mode makes the logits one slice of the vocabulary at a time, twice: a first walk over
+// the slices gathers every row's statistics, a second turns each slice into its gradient. Here
+// logits (R, S) hold classes [class_start, class_start + S) of R rows whose targets are
+// `target` (R,); `weight` (when given) is the whole (V,) class-weight vector; x is the logits
+// soft-capped. Rows whose target is ignore_index are not read.
+//   cross_entropy_slice_stats_: merges the slice into `stats` (R, 4), per row the running
+//     (max of x, sum of exp(x - max), sum of w_j x_j [only with smoothing], x of the target
+//     [written by the slice holding it]); the caller starts it at (-inf, 0, 0, 0).
+//   cross_entropy_slice_grad_: overwrites the logits with the gradient, given per row
+//     `coefs` (R, 4) = (lse, cp, ct, cw), the coefficients of the file's header (grad_output
+//     and the "mean" denominators already in them):
+//       g_j = (exp(x_j - lse) cp - [class_start + j == t] ct - [smoothing] cw w_j) softcap'(x_j)
+//     and zeros for ignored rows.
+// Math in float32 (float64 for float64 logits), as above; stats and coefs in that type.
+struct SliceProblem {
+  Tensor logits;  // (R, S), unit stride over S
+  RowLayout rows;
+  Tensor target;  // (R,), contiguous
+  std::optional<Tensor> weight;
+  Tensor state;  // stats or coefs: (R, 4), contiguous
+  int64_t R = 0, S = 0, class_start = 0, ignore_index = -100;
+  double softcap = 0;  // 0: none
+  bool smoothing = false;
+  ScalarType dtype = ScalarType::Float;
+  int32_t device_index = 0;
+};
+
+inline SliceProblem make_slice_problem(const char* op, const Tensor& logits, const Tensor& target,
+                                       const std::optional<Tensor>& weight, int64_t class_start, int64_t ignore_index,
+                                       std::optional<double> softcap, bool smoothing, const Tensor& state,
+                                       const char* state_name, bool in_place) {
+  FUSEDOPS_CHECK(logits.dim() == 2, op, ": logits must be 2-D (rows, a slice of the classes), got shape ",
+                 shape_str(logits));
+  FUSEDOPS_CHECK(is_float_dtype(logits.scalar_type()), op,
+                 ": logits dtype must be float32, bfloat16, float16 or float64, got ", dtype_name(logits.scalar_type()));
+  const int64_t R = logits.size(0), S = logits.size(1);
+  FUSEDOPS_CHECK(S <= 1 || logits.stride(1) == 1, op, ": logits must have a contiguous last dimension (stride 1), got "
+                 "stride ", logits.stride(1));
+  if (in_place)
+    FUSEDOPS_CHECK(logits.numel() == 0 || !may_overlap(logits), op,
+                   ": logits has elements that share memory, so it cannot receive the gradient in place");
+  const ScalarType tt = target.scalar_type();
+  FUSEDOPS_CHECK(tt == ScalarType::Long || tt == ScalarType::Int, op, ": target dtype must be int64 or int32, got ",
+                 dtype_name(tt));
+  FUSEDOPS_CHECK(target.dim() == 1 && target.size(0) == R, op, ": target must have shape [", R,
+                 "] (one class index per row of logits), got shape ", shape_str(target));
+  FUSEDOPS_CHECK(same_device(target, logits), op, ": target is on ", device_str(target), " but logits is on ",
+                 device_str(logits));
+  FUSEDOPS_CHECK(class_start >= 0, op, ": class_start must be >= 0, got ", class_start);
+  if (weight) {
+    FUSEDOPS_CHECK(weight->dim() == 1 && class_start + S <= weight->size(0), op,
+                   ": weight must be a 1-D tensor of the class weights of every class, at least class_start + "
+                   "logits.size(1) = ", class_start + S, " of them, got shape ", shape_str(*weight));
+    const ScalarType wt = weight->scalar_type();
+    FUSEDOPS_CHECK(wt == logits.scalar_type() || wt == ScalarType::Float, op, ": weight dtype ", dtype_name(wt),
+                   " does not go with logits dtype ", dtype_name(logits.scalar_type()), ": use logits' dtype or float32");
+    FUSEDOPS_CHECK(same_device(*weight, logits), op, ": weight is on ", device_str(*weight), " but logits is on ",
+                   device_str(logits));
+  }
+  if (softcap)
+    FUSEDOPS_CHECK(*softcap > 0.0 && std::isfinite(*softcap), op, ": softcap must be a finite number > 0 (or None), got ",
+                   *softcap);
+  const ScalarType acc = acc_dtype(logits.scalar_type());
+  FUSEDOPS_CHECK(state.dim() == 2 && state.size(0) == R && state.size(1) == 4, op, ": ", state_name,
+                 " must have shape [", R, ", 4], got shape ", shape_str(state));
+  FUSEDOPS_CHECK(state.scalar_type() == acc, op, ": ", state_name, " dtype must be ", dtype_name(acc), " for ",
+                 dtype_name(logits.scalar_type()), " logits, got ", dtype_name(state.scalar_type()));
+  FUSEDOPS_CHECK(state.numel() == 0 || state.is_contiguous(), op, ": ", state_name, " must be contiguous");
+  FUSEDOPS_CHECK(same_device(state, logits), op, ": ", state_name, " is on ", device_str(state), " but logits is on ",
+                 device_str(logits));
+  SliceProblem s;
+  s.logits = logits;
+  collapse_rows(logits, s.rows);  // (one leading dimension: always fits)
+  s.target = as_contiguous(target);
+  if (weight) s.weight = as_contiguous(*weight);
+  s.state = state;
+  s.R = R;
+  s.S = S;
+  s.class_start = class_start;
+  s.ignore_index = ignore_index;
+  s.softcap = softcap ? *softcap : 0.0;
+  s.smoothing = smoothing;
+  s.dtype = logits.scalar_type();
+  s.device_index = logits.is_cpu() ? 0 : logits.get_device_index();
+  return s;
+}
+
+// The registered functions; K::slice_stats(s) and K::slice_grad(s) run the backend's kernels.
+template <class K>
+void cross_entropy_slice_stats(Tensor logits, Tensor target, std::optional<Tensor> weight, int64_t class_start,
+                               int64_t ignore_index, std::optional<double> softcap, bool smoothing, Tensor stats) {
+  const SliceProblem s = make_slice_problem("cross_entropy_slice_stats_", logits, target, weight, class_start,
+                                            ignore_index, softcap, smoothing, stats, "stats", false);
+  if (s.R > 0 && s.S > 0) K::slice_stats(s);
+}
+
+template <class K>
+void cross_entropy_slice_grad(Tensor logits, Tensor target, std::optional<Tensor> weight, int64_t class_start,
+                              int64_t ignore_index, std::optional<double> softcap, bool smoothing, Tensor coefs) {
+  const SliceProblem s = make_slice_problem("cross_entropy_slice_grad_", logits, target, weight, class_start,
+                                            ignore_index, softcap, smoothing, coefs, "coefs", true);
+  if (s.R > 0 && s.S > 0) K::slice_grad(s);
+}
+
 }  // namespace fusedops::cross_entropy

@@ -23,7 +23,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     ``CrossEntropyLoss.weight``.
     """
 
-    __constants__ = ["ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "chunk_rows"]
+    __constants__ = ["ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "chunk_rows",
+                     "low_memory", "chunk_classes"]
 
     def __init__(
         self,
@@ -38,6 +39,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         softcap: Optional[float] = None,
         class_weight: Optional[Tensor] = None,
         chunk_rows: Optional[int] = None,
+        low_memory: bool = False,
+        chunk_classes: Optional[int] = None,
         check_target: Union[bool, str] = True,
         device=None,
         dtype=None,
@@ -58,6 +61,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.z_loss = float(z_loss)
         self.softcap = None if softcap is None else float(softcap)
         self.chunk_rows = chunk_rows
+        self.low_memory = bool(low_memory)
+        self.chunk_classes = chunk_classes
         self.check_target = check_target_mode(check_target, "linear_cross_entropy")
         self.reset_parameters()
 
@@ -81,13 +86,15 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         return linear_cross_entropy(
             hidden, self.weight, target, self.bias, ignore_index=self.ignore_index, reduction=self.reduction,
             label_smoothing=self.label_smoothing, z_loss=self.z_loss, softcap=self.softcap,
-            class_weight=self.class_weight, chunk_rows=self.chunk_rows, check_target=self.check_target,
+            class_weight=self.class_weight, chunk_rows=self.chunk_rows, low_memory=self.low_memory,
+            chunk_classes=self.chunk_classes, check_target=self.check_target,
         )
 
     def extra_repr(self) -> str:
         parts = [f"hidden_size={self.hidden_size}", f"vocab_size={self.vocab_size}", f"bias={self.bias is not None}"]
         for name, default in (("ignore_index", -100), ("reduction", "mean"), ("label_smoothing", 0.0),
-                              ("z_loss", 0.0), ("softcap", None), ("chunk_rows", None)):
+                              ("z_loss", 0.0), ("softcap", None), ("chunk_rows", None), ("low_memory", False),
+                              ("chunk_classes", None)):
             if getattr(self, name) != default:
                 parts.append(f"{name}={getattr(self, name)}")
         return ", ".join(parts)

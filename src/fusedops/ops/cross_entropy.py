@@ -9,8 +9,15 @@ Schemas (csrc/registration.cpp):
     cross_entropy_(Tensor(a!) logits, ...same options...) -> (Tensor loss, Tensor lse, Tensor bad_target)
     cross_entropy_backward(Tensor grad_output, Tensor grad_logits) -> Tensor
     cross_entropy_backward_(Tensor grad_output, Tensor(a!) grad_logits) -> ()
+    cross_entropy_slice_stats_(Tensor logits, Tensor target, Tensor? weight, int class_start,
+                               int ignore_index, float? softcap, bool smoothing, Tensor(a!) stats) -> ()
+    cross_entropy_slice_grad_(Tensor(a!) logits, Tensor target, Tensor? weight, int class_start,
+                              int ignore_index, float? softcap, bool smoothing, Tensor coefs) -> ()
 
-The math is in csrc/include/fusedops/cross_entropy.h.
+The math is in csrc/include/fusedops/cross_entropy.h. The two slice ops are the building blocks
+of linear_cross_entropy's low-memory mode (ops/linear_cross_entropy.py), with no autograd of
+their own: a first walk over slices of the classes gathers each row's statistics, a second
+turns each slice into its gradient.
 
 Saved for backward: only the gradient the forward already computed (compute_grad=True; a
 logits-sized tensor in the logits' dtype, or, for cross_entropy_, the logits tensor that now
@@ -40,6 +47,8 @@ forward = torch.ops.fusedops.cross_entropy.default
 forward_ = torch.ops.fusedops.cross_entropy_.default
 backward = torch.ops.fusedops.cross_entropy_backward.default
 backward_ = torch.ops.fusedops.cross_entropy_backward_.default
+slice_stats_ = torch.ops.fusedops.cross_entropy_slice_stats_.default
+slice_grad_ = torch.ops.fusedops.cross_entropy_slice_grad_.default
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -448,6 +457,85 @@ _lib.impl("cross_entropy_", _inplace_autograd, "Autograd")
 _lib.impl("cross_entropy_backward_", _backward_inplace_autograd, "Autograd")
 
 
+# ---- the slice ops ---------------------------------------------------------------------------
+
+
+def check_slice(op, logits, target, weight, class_start, softcap, state, state_name, in_place):
+    """The checks of cross_entropy.h's make_slice_problem, in the same words."""
+    if logits.dim() != 2:
+        raise ValueError(
+            f"{op}: logits must be 2-D (rows, a slice of the classes), got shape {shape_str(logits)}"
+        )
+    if logits.dtype not in FLOAT_DTYPES:
+        raise ValueError(
+            f"{op}: logits dtype must be float32, bfloat16, float16 or float64, got "
+            f"{dtype_name(logits.dtype)}"
+        )
+    R, S = logits.shape
+    if S > 1 and logits.stride(1) != 1:
+        raise ValueError(
+            f"{op}: logits must have a contiguous last dimension (stride 1), got stride {logits.stride(1)}"
+        )
+    if in_place and logits.numel() > 0 and may_overlap(logits):
+        raise ValueError(
+            f"{op}: logits has elements that share memory, so it cannot receive the gradient in place"
+        )
+    if target.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{op}: target dtype must be int64 or int32, got {dtype_name(target.dtype)}")
+    if target.dim() != 1 or target.shape[0] != R:
+        raise ValueError(
+            f"{op}: target must have shape [{R}] (one class index per row of logits), got shape "
+            f"{shape_str(target)}"
+        )
+    if not _same_device(target, logits):
+        raise ValueError(f"{op}: target is on {_device_str(target)} but logits is on {_device_str(logits)}")
+    if class_start < 0:
+        raise ValueError(f"{op}: class_start must be >= 0, got {class_start}")
+    if weight is not None:
+        if weight.dim() != 1 or class_start + S > weight.shape[0]:
+            raise ValueError(
+                f"{op}: weight must be a 1-D tensor of the class weights of every class, at least "
+                f"class_start + logits.size(1) = {class_start + S} of them, got shape {shape_str(weight)}"
+            )
+        if not (weight.dtype == logits.dtype or weight.dtype == torch.float32):
+            raise ValueError(
+                f"{op}: weight dtype {dtype_name(weight.dtype)} does not go with logits dtype "
+                f"{dtype_name(logits.dtype)}: use logits' dtype or float32"
+            )
+        if not _same_device(weight, logits):
+            raise ValueError(
+                f"{op}: weight is on {_device_str(weight)} but logits is on {_device_str(logits)}"
+            )
+    if softcap is not None and not (softcap > 0.0 and math.isfinite(softcap)):
+        raise ValueError(f"{op}: softcap must be a finite number > 0 (or None), got {_num(softcap)}")
+    acc = acc_dtype(logits.dtype)
+    if state.dim() != 2 or state.shape[0] != R or state.shape[1] != 4:
+        raise ValueError(f"{op}: {state_name} must have shape [{R}, 4], got shape {shape_str(state)}")
+    if state.dtype != acc:
+        raise ValueError(
+            f"{op}: {state_name} dtype must be {dtype_name(acc)} for {dtype_name(logits.dtype)} logits, got "
+            f"{dtype_name(state.dtype)}"
+        )
+    if state.numel() > 0 and not state.is_contiguous():
+        raise ValueError(f"{op}: {state_name} must be contiguous")
+    if not _same_device(state, logits):
+        raise ValueError(
+            f"{op}: {state_name} is on {_device_str(state)} but logits is on {_device_str(logits)}"
+        )
+
+
+@torch.library.register_fake("fusedops::cross_entropy_slice_stats_")
+def _slice_stats_fake(logits, target, weight, class_start, ignore_index, softcap, smoothing, stats):
+    check_slice("cross_entropy_slice_stats_", logits, target, weight, class_start, softcap, stats, "stats",
+                False)
+
+
+@torch.library.register_fake("fusedops::cross_entropy_slice_grad_")
+def _slice_grad_fake(logits, target, weight, class_start, ignore_index, softcap, smoothing, coefs):
+    check_slice("cross_entropy_slice_grad_", logits, target, weight, class_start, softcap, coefs, "coefs",
+                True)
+
+
 # ---- Triton, for CUDA tensors when the CUDA kernels do not serve them (ops/__init__.py) -------
 
 
@@ -490,10 +578,28 @@ def _triton_backward_inplace(grad_output, grad_logits):
     kernels.scale(grad_output, grad_logits, grad_logits, in_place=True)
 
 
+def _triton_slice_stats(logits, target, weight, class_start, ignore_index, softcap, smoothing, stats):
+    check_slice("cross_entropy_slice_stats_", logits, target, weight, class_start, softcap, stats, "stats",
+                False)
+    from ..triton import cross_entropy as kernels
+
+    kernels.slice_stats(logits, target, weight, class_start, ignore_index, softcap, smoothing, stats)
+
+
+def _triton_slice_grad(logits, target, weight, class_start, ignore_index, softcap, smoothing, coefs):
+    check_slice("cross_entropy_slice_grad_", logits, target, weight, class_start, softcap, coefs, "coefs",
+                True)
+    from ..triton import cross_entropy as kernels
+
+    kernels.slice_grad(logits, target, weight, class_start, ignore_index, softcap, smoothing, coefs)
+
+
 TRITON_IMPLS = {
     "cross_entropy": _triton_forward,
     "cross_entropy_": _triton_forward_inplace,
     "cross_entropy_backward": _triton_backward,
     "cross_entropy_backward_": _triton_backward_inplace,
+    "cross_entropy_slice_stats_": _triton_slice_stats,
+    "cross_entropy_slice_grad_": _triton_slice_grad,
 }
 

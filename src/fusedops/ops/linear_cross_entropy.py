@@ -5,11 +5,13 @@ Schemas (csrc/registration.cpp):
     linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias=None,
                          Tensor? class_weight=None, int ignore_index=-100, str reduction="mean",
                          float label_smoothing=0., float z_loss=0., float? softcap=None,
-                         int? chunk_rows=None, bool compute_grad=False)
+                         int? chunk_rows=None, bool low_memory=False, int? chunk_classes=None,
+                         bool compute_grad=False)
         -> (Tensor loss, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias, Tensor bad_target)
     linear_cross_entropy_backward(Tensor grad_output, Tensor hidden, Tensor weight, Tensor target,
                                   Tensor? bias, Tensor? class_weight, int ignore_index, str reduction,
-                                  float label_smoothing, float z_loss, float? softcap, int? chunk_rows)
+                                  float label_smoothing, float z_loss, float? softcap, int? chunk_rows,
+                                  bool low_memory=False, int? chunk_classes=None)
         -> (Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)
 
 The value is cross_entropy(hidden @ weight.T + bias, target, ...) with every option of
@@ -42,6 +44,10 @@ of the weight in hidden's dtype for the products. Small chunks keep memory low b
 weight-gradient product (its inner dimension is the chunk's rows) read and write the whole
 (V, H) accumulator per chunk: on a GPU, chunks of a few thousand rows are needed for it to run
 at the tensor cores' rate (docs/ops/linear_cross_entropy.md).
+
+low_memory=True walks the vocabulary in slices instead of the rows in chunks (the section "the
+low-memory mode" below): no float32 buffer of the weight's size and only a small slice of
+logits, for one more matrix product.
 
 Saved for backward ("mean", "sum"): the gradients the forward computed (grad_output 1). The
 backward multiplies them by the 0-d grad_output (in place in an eager backward that frees the
@@ -83,7 +89,7 @@ def _dev(t):
 
 
 def check(op, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
-          chunk_rows):
+          chunk_rows, low_memory=False, chunk_classes=None):
     if hidden.dim() < 1:
         raise ValueError(f"{op}: hidden must have at least 1 dimension (..., hidden_size), got a 0-dimensional tensor")
     if hidden.dtype not in FLOAT_DTYPES:
@@ -134,6 +140,15 @@ def check(op, hidden, weight, target, bias, class_weight, ignore_index, reductio
     _ce.check_options(op, reduction, label_smoothing, z_loss, softcap)
     if chunk_rows is not None and chunk_rows < 1:
         raise ValueError(f"{op}: chunk_rows must be >= 1 (or None: automatic), got {chunk_rows}")
+    if low_memory and chunk_rows is not None:
+        raise ValueError(
+            f"{op}: chunk_rows does not apply with low_memory=True (the vocabulary is split into chunks "
+            "instead)"
+        )
+    if chunk_classes is not None and not low_memory:
+        raise ValueError(f"{op}: chunk_classes applies with low_memory=True only")
+    if chunk_classes is not None and chunk_classes < 1:
+        raise ValueError(f"{op}: chunk_classes must be >= 1 (or None: automatic), got {chunk_classes}")
 
 
 def check_backward(grad_output, hidden, target, reduction):
@@ -218,6 +233,14 @@ def _product_dtype(hidden):
     return dt if native else torch.float32
 
 
+def _class_weight_for(class_weight, dt):
+    """Class weights the cross_entropy kernels take with logits of dtype dt: dt's or float32 (a
+    16-bit weight with float32 products, on a CPU without 16-bit dot products, is upcast)."""
+    if class_weight is None or class_weight.dtype in (dt, torch.float32):
+        return class_weight
+    return class_weight.float()
+
+
 def _plan(target_flat, class_weight, ignore_index, reduction, z_loss, acc, V):
     """(class weights the chunks use, the factor every result is multiplied by at the end, or
     None) for the whole batch; device arithmetic only."""
@@ -242,7 +265,7 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
     registered ops' signatures. grad_output: None (1) or a tensor (0-d, or per row for "none").
     Returns (loss or None, grad_hidden, grad_weight, grad_bias) with empty tensors for what was
     not wanted."""
-    ce_forward, ce_inplace = kernels
+    ce_forward, ce_inplace = kernels[:2]
     acc = acc_dtype(hidden.dtype)
     H = hidden.shape[-1]
     V = weight.shape[0]
@@ -252,7 +275,7 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
     dt = _product_dtype(hidden)  # hidden's dtype, or float32 on a CPU without 16-bit products
     w = weight if weight.dtype == dt else weight.to(dt)
     b = None if bias is None else (bias if bias.dtype == dt else bias.to(dt))
-    cw, factor = _plan(t, class_weight, ignore_index, reduction, z_loss, acc, V)
+    cw, factor = _plan(t, _class_weight_for(class_weight, dt), ignore_index, reduction, z_loss, acc, V)
     red = "none" if reduction == "none" else "sum"
     loss = None
     if want_loss:
@@ -314,6 +337,147 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
     return loss, grad_hidden, grad_weight, grad_bias
 
 
+# ---- the low-memory mode: the vocabulary in slices (chunk_classes classes each) -------------
+#
+# The chunk loop above needs a float32 accumulator of the weight's size (the weight gradient is
+# summed over chunks of rows) and chunks of thousands of rows to keep its products fast. Walking
+# the vocabulary instead, each slice's weight gradient is one product over every row, made in
+# float32 by the matrix product itself and written straight into the returned gradient. The
+# price: each slice's gradient needs every row's log-sum-exp over the whole vocabulary first, so
+# the logits are made twice (four products instead of three):
+#
+#   for each slice: logits = hidden @ weight_s.T (+ bias_s); cross_entropy_slice_stats_
+#   per row: lse, loss, the gradient's coefficients (_finish_rows, device arithmetic)
+#   for each slice: logits again; cross_entropy_slice_grad_ (the logits now hold d loss / d logits)
+#                   grad_hidden_acc += logits @ weight_s      float32 accumulator (N, H)
+#                   grad_weight_s    = logits.T @ hidden      float32 in the product, weight's dtype
+#                   grad_bias_s      = logits.sum(0)
+#
+# Memory beyond inputs and gradients: one slice of logits (SLICE_BYTES), the (N, H) float32
+# accumulator when hidden is narrower, a slice of the weight in hidden's dtype when the weight
+# is float32, and 16 bytes a row of statistics.
+
+SLICE_BYTES = 32 * 2**20
+
+
+def slice_classes_for(N, V, itemsize, chunk_classes=None):
+    """Classes per slice: chunk_classes, or as many as keep a slice of all N rows' logits within
+    SLICE_BYTES, a multiple of 128 (at least 128: many rows make a slice larger than the budget)."""
+    if chunk_classes is not None:
+        return min(V, chunk_classes)
+    per_class = max(N, 1) * itemsize
+    return min(V, max(128, SLICE_BYTES // per_class // 128 * 128))
+
+
+def _mm_to(out, a, b):
+    """out = a @ b made in a's dtype and written in out's (float32 accumulation for a narrower
+    a): on CUDA by the product itself (addmm with out_dtype), elsewhere through a copy."""
+    if out.dtype == a.dtype:
+        torch.mm(a, b, out=out)
+    elif out.dtype.itemsize > a.dtype.itemsize and _out_dtype_works(a.device):
+        torch.addmm(out, a, b, beta=0, out_dtype=out.dtype, out=out)
+    else:
+        wide = out.dtype if out.dtype.itemsize > a.dtype.itemsize else a.dtype
+        out.copy_(torch.mm(a.to(wide), b.to(wide)))
+
+
+def _finish_rows(stats, t, class_weight, V, ignore_index, reduction, eps, z, grad_output, acc):
+    """From each row's (max, sum of exp, sum of w_j x_j, target's x): the loss and, per row, the
+    gradient's (lse, cp, ct, cw) with grad_output and the "mean" denominators folded in (the
+    formulas of csrc/include/fusedops/cross_entropy.h). Device arithmetic only."""
+    m, s, wx, xt = stats.unbind(1)
+    kept = t != ignore_index
+    valid = (t >= 0) & (t < V)
+    zero = torch.zeros((), dtype=acc, device=stats.device)
+    lse = torch.where(kept, m + torch.log(s), zero)
+    if class_weight is None:
+        wt = torch.ones_like(lse)
+        W = float(V)
+    else:
+        cw_acc = class_weight.to(acc)
+        wt = cw_acc[torch.where(valid, t, torch.zeros_like(t))]
+        W = cw_acc.sum()
+    wt = torch.where(kept, torch.where(valid, wt, torch.full_like(wt, float("nan"))), zero)
+    ce = (1.0 - eps) * wt * (lse - xt)
+    if eps > 0:  # (with -inf logits the smoothing term would be 0 * inf)
+        ce = ce + (eps / V) * (W * lse - wx)
+    zl = z * lse * lse
+    ce = torch.where(kept, ce, zero)
+    zl = torch.where(kept, zl, zero)
+    if reduction == "mean":
+        sw = 1.0 / wt.sum()
+        sn = 1.0 / kept.sum().to(acc)
+        loss = ce.sum() * sw + zl.sum() * sn  # (every row ignored: 0 / 0, NaN, as torch)
+    else:
+        sw = sn = torch.ones((), dtype=acc, device=stats.device)
+        loss = (ce + zl).sum() if reduction == "sum" else ce + zl
+    cp = ((1.0 - eps) * wt + (eps / V) * W) * sw + (2.0 * z) * lse * sn
+    ct = (1.0 - eps) * wt * sw
+    cw = ((eps / V) * sw).expand_as(lse)
+    coefs = torch.stack((lse, cp, ct, cw), 1)
+    if grad_output is not None:
+        go = grad_output.to(acc)
+        coefs[:, 1:] *= go.reshape(-1, 1) if go.dim() > 0 else go
+    return loss, coefs
+
+
+def compute_low_memory(kernels, hidden, weight, target, bias=None, class_weight=None, ignore_index=-100,
+                       reduction="mean", label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_classes=None,
+                       want_loss=True, want_grad=False, grad_output=None):
+    """The slice loops. `kernels` as compute()'s, plus (slice_stats_, slice_grad_). Returns
+    (loss or None, grad_hidden, grad_weight in the weight's dtype, grad_bias), empty tensors for
+    what was not wanted."""
+    slice_stats, slice_grad = kernels[2], kernels[3]
+    acc = acc_dtype(hidden.dtype)
+    H = hidden.shape[-1]
+    V = weight.shape[0]
+    x = hidden.reshape(-1, H)
+    t = target.reshape(-1)
+    N = x.shape[0]
+    dt = _product_dtype(hidden)
+    xd = x if x.dtype == dt else x.to(dt)
+    class_weight = _class_weight_for(class_weight, dt)
+    smoothing = label_smoothing > 0
+    S = slice_classes_for(N, V, torch.empty((), dtype=dt).element_size(), chunk_classes)
+    buf = hidden.new_empty((N * S,), dtype=dt)
+
+    def slice_logits(v0, v1):
+        ws = weight[v0:v1] if weight.dtype == dt else weight[v0:v1].to(dt)
+        logits = buf[: N * (v1 - v0)].view(N, v1 - v0)
+        if bias is not None:
+            torch.addmm(bias[v0:v1].to(dt), xd, ws.t(), out=logits)
+        else:
+            torch.mm(xd, ws.t(), out=logits)
+        return logits, ws
+
+    stats = torch.zeros((N, 4), dtype=acc, device=hidden.device)
+    stats[:, 0] = float("-inf")
+    for v0 in range(0, V, S):
+        logits = slice_logits(v0, min(V, v0 + S))[0]
+        slice_stats(logits, t, class_weight, v0, ignore_index, softcap, smoothing, stats)
+    loss, coefs = _finish_rows(stats, t, class_weight, V, ignore_index, reduction, label_smoothing, z_loss,
+                               grad_output, acc)
+    if reduction == "none":
+        loss = loss.view(target.shape)
+    if not want_grad:
+        empty = hidden.new_empty((0,), dtype=acc)
+        return (loss if want_loss else None), hidden.new_empty((0,)), empty, empty
+    gh = hidden.new_zeros((N, H), dtype=acc)
+    grad_weight = weight.new_empty((V, H))
+    grad_bias = hidden.new_empty((V,) if bias is not None else (0,), dtype=acc)
+    for v0 in range(0, V, S):
+        v1 = min(V, v0 + S)
+        logits, ws = slice_logits(v0, v1)
+        slice_grad(logits, t, class_weight, v0, ignore_index, softcap, smoothing, coefs)
+        _accumulate_mm(gh, logits, ws)
+        _mm_to(grad_weight[v0:v1], logits.t(), xd)
+        if bias is not None:
+            torch.sum(logits, 0, dtype=acc, out=grad_bias[v0:v1])
+        del ws  # (a float32 weight's chunk copy: gone before the next one is made)
+    grad_hidden = (gh if gh.dtype == hidden.dtype else gh.to(hidden.dtype)).view(hidden.shape)
+    return (loss if want_loss else None), grad_hidden, grad_weight, grad_bias
+
+
 def _check_targets_cpu(op, target, V, ignore_index):
     if target.device.type == "cpu":  # free to read here: name the bad value as cross_entropy does
         bad = _ce.first_bad_target(target, V, ignore_index)
@@ -321,18 +485,29 @@ def _check_targets_cpu(op, target, V, ignore_index):
             raise ValueError(_ce.bad_target_message(op, target, bad, V, ignore_index))
 
 
+def _run(kernels, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
+         z_loss, softcap, chunk_rows, low_memory, chunk_classes, **wants):
+    """The chunk loop of the mode asked for."""
+    inputs = (kernels, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
+              z_loss, softcap)
+    if low_memory:
+        return compute_low_memory(*inputs, chunk_classes, **wants)
+    return compute(*inputs, chunk_rows, **wants)
+
+
 def _make_forward(kernels):
     def kernel(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
-               label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, compute_grad=False):
+               label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, low_memory=False,
+               chunk_classes=None, compute_grad=False):
         check(OP, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss,
-              softcap, chunk_rows)
+              softcap, chunk_rows, low_memory, chunk_classes)
         V = weight.shape[0]
         _check_targets_cpu(OP, target, V, ignore_index)
         with _direct.BelowAutograd(), torch.no_grad():
             bad = _ce.bad_target_index(target, V, ignore_index)
-            loss, gh, gw, gb = compute(kernels, hidden, weight, target, bias, class_weight, ignore_index, reduction,
-                                       label_smoothing, z_loss, softcap, chunk_rows, want_loss=True,
-                                       want_grad=compute_grad)
+            loss, gh, gw, gb = _run(kernels, hidden, weight, target, bias, class_weight, ignore_index,
+                                    reduction, label_smoothing, z_loss, softcap, chunk_rows, low_memory,
+                                    chunk_classes, want_loss=True, want_grad=compute_grad)
         return loss, gh, gw, gb, bad
 
     return kernel
@@ -340,23 +515,23 @@ def _make_forward(kernels):
 
 def _make_backward(kernels):
     def kernel(grad_output, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
-               z_loss, softcap, chunk_rows):
+               z_loss, softcap, chunk_rows, low_memory=False, chunk_classes=None):
         op = "linear_cross_entropy_backward"
         check(op, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss,
-              softcap, chunk_rows)
+              softcap, chunk_rows, low_memory, chunk_classes)
         check_backward(grad_output, hidden, target, reduction)
         _check_targets_cpu(op, target, weight.shape[0], ignore_index)
         with _direct.BelowAutograd(), torch.no_grad():
-            _loss, gh, gw, gb = compute(kernels, hidden, weight, target, bias, class_weight, ignore_index, reduction,
-                                        label_smoothing, z_loss, softcap, chunk_rows, want_loss=False,
-                                        want_grad=True, grad_output=grad_output)
+            _loss, gh, gw, gb = _run(kernels, hidden, weight, target, bias, class_weight, ignore_index,
+                                     reduction, label_smoothing, z_loss, softcap, chunk_rows, low_memory,
+                                     chunk_classes, want_loss=False, want_grad=True, grad_output=grad_output)
         return gh, gw, gb
 
     return kernel
 
 
 # The dispatcher's cross_entropy ops: CPU kernels, CUDA kernels or Triton, as fusedops chose.
-_DISPATCHED = (_ce.forward, _ce.forward_)
+_DISPATCHED = (_ce.forward, _ce.forward_, _ce.slice_stats_, _ce.slice_grad_)
 _forward_kernel = _make_forward(_DISPATCHED)
 _backward_kernel = _make_backward(_DISPATCHED)
 for _device in ("cpu", "cuda"):
@@ -367,30 +542,33 @@ for _device in ("cpu", "cuda"):
 # ---- fake kernels ----------------------------------------------------------------------------
 
 
-def _grads_like(hidden, weight, bias, wanted):
+def _grads_like(hidden, weight, bias, wanted, low_memory):
     acc = acc_dtype(hidden.dtype)
     if not wanted:
         return hidden.new_empty((0,)), hidden.new_empty((0,), dtype=acc), hidden.new_empty((0,), dtype=acc)
     gb = hidden.new_empty((weight.shape[0],), dtype=acc) if bias is not None else hidden.new_empty((0,), dtype=acc)
-    return hidden.new_empty(hidden.shape), hidden.new_empty(weight.shape, dtype=acc), gb
+    gw = weight.new_empty(weight.shape) if low_memory else hidden.new_empty(weight.shape, dtype=acc)
+    return hidden.new_empty(hidden.shape), gw, gb
 
 
 @torch.library.register_fake("fusedops::linear_cross_entropy")
 def _forward_fake(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
-                  label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, compute_grad=False):
+                  label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, low_memory=False,
+                  chunk_classes=None, compute_grad=False):
     check(OP, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
-          chunk_rows)
+          chunk_rows, low_memory, chunk_classes)
     loss = hidden.new_empty(target.shape if reduction == "none" else (), dtype=acc_dtype(hidden.dtype))
-    return (loss, *_grads_like(hidden, weight, bias, compute_grad), hidden.new_empty((), dtype=torch.int64))
+    grads = _grads_like(hidden, weight, bias, compute_grad, low_memory)
+    return (loss, *grads, hidden.new_empty((), dtype=torch.int64))
 
 
 @torch.library.register_fake("fusedops::linear_cross_entropy_backward")
 def _backward_fake(grad_output, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
-                   z_loss, softcap, chunk_rows):
+                   z_loss, softcap, chunk_rows, low_memory=False, chunk_classes=None):
     check("linear_cross_entropy_backward", hidden, weight, target, bias, class_weight, ignore_index, reduction,
-          label_smoothing, z_loss, softcap, chunk_rows)
+          label_smoothing, z_loss, softcap, chunk_rows, low_memory, chunk_classes)
     check_backward(grad_output, hidden, target, reduction)
-    return _grads_like(hidden, weight, bias, True)
+    return _grads_like(hidden, weight, bias, True, low_memory)
 
 
 # ---- autograd ------------------------------------------------------------------------------
@@ -405,12 +583,11 @@ def _refuse_class_weight_grad(class_weight):
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, target, bias, class_weight, ignore_index, reduction, ls, z, cap, chunk_rows, compute_grad = (
-        _all_inputs(inputs)
-    )
+    (hidden, weight, target, bias, class_weight, ignore_index, reduction, ls, z, cap, chunk_rows, low_memory,
+     chunk_classes, compute_grad) = _all_inputs(inputs)
     _loss, gh, gw, gb, bad = output
     ctx.recompute = reduction == "none" or not compute_grad
-    ctx.options = (ignore_index, reduction, ls, z, cap, chunk_rows)
+    ctx.options = (ignore_index, reduction, ls, z, cap, chunk_rows, low_memory, chunk_classes)
     ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
     ctx.has_bias = bias is not None
     if ctx.recompute:
@@ -421,7 +598,7 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-_DEFAULTS = (None, None, -100, "mean", 0.0, 0.0, None, None, False)
+_DEFAULTS = (None, None, -100, "mean", 0.0, 0.0, None, None, False, None, False)
 
 
 def _all_inputs(inputs):
@@ -444,7 +621,7 @@ def _scale_to(grad_output, grad, dtype):
 
 def _backward(ctx, grad_loss, *_unused):
     _deferred.pending.raise_finished()
-    n_inputs = 12
+    n_inputs = 14
     if grad_loss is None:
         return (None,) * n_inputs
     needs = ctx.needs_input_grad
@@ -482,7 +659,8 @@ _AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU) | tor
 
 def _autocast_kernel(device_type):
     def rule(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
-             label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, compute_grad=False):
+             label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, low_memory=False,
+             chunk_classes=None, compute_grad=False):
         dt = torch.get_autocast_dtype(device_type)
         if hidden.dtype in (torch.float32, torch.bfloat16, torch.float16) and hidden.dtype != dt:
             hidden = hidden.to(dt)
@@ -494,7 +672,7 @@ def _autocast_kernel(device_type):
             bias = bias.to(dt)
         with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
             return forward(hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
-                           z_loss, softcap, chunk_rows, compute_grad)
+                           z_loss, softcap, chunk_rows, low_memory, chunk_classes, compute_grad)
 
     return rule
 
@@ -507,7 +685,7 @@ _lib.impl("linear_cross_entropy", _autocast_kernel("cuda"), "AutocastCUDA")
 # The same composite with cross_entropy's Triton kernels called directly (the products stay
 # cuBLAS's): what FUSEDOPS_BACKEND=triton runs, and what the interpreter tests run on the CPU.
 
-_TRITON = (_ce._triton_forward, _ce._triton_forward_inplace)
+_TRITON = (_ce._triton_forward, _ce._triton_forward_inplace, _ce._triton_slice_stats, _ce._triton_slice_grad)
 
 # Its CUDA kernel calls cross_entropy's ops through the dispatcher, which switch to Triton
 # themselves: use_triton_for_cuda leaves it registered (torch refuses a second Python kernel for

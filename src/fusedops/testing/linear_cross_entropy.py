@@ -1,10 +1,12 @@
 """linear_cross_entropy samples for the generic suites. A sample holds the op's arguments:
 (hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss,
-softcap, chunk_rows, compute_grad); compute_grad is True so that opcheck and the Triton
-comparison see the gradients the forward writes (the public function decides it by itself).
-Small chunk_rows values put chunk boundaries inside every sample (N a multiple of the chunk,
-not a multiple, smaller than one chunk). The reference materialises the logits in float64 and
-applies cross_entropy's reference (torch.nn.functional.cross_entropy plus the z-term).
+softcap, chunk_rows, low_memory, chunk_classes, compute_grad); compute_grad is True so that
+opcheck and the Triton comparison see the gradients the forward writes (the public function
+decides it by itself). Small chunk_rows values put chunk boundaries inside every sample (N a
+multiple of the chunk, not a multiple, smaller than one chunk); every sample also comes in the
+low-memory mode, with chunks of about a third of the classes (boundaries inside the
+vocabulary). The reference materialises the logits in float64 and applies cross_entropy's
+reference (torch.nn.functional.cross_entropy plus the z-term).
 tests/test_linear_cross_entropy.py covers the rest by name."""
 
 import torch
@@ -22,22 +24,26 @@ def logits_of(hidden, weight, bias=None):
 
 
 def reference(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
-              label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, compute_grad=False):
+              label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, low_memory=False,
+              chunk_classes=None, compute_grad=False):
     """cross_entropy's reference on the materialised logits hidden @ weight.T + bias."""
     return _ce_reference(logits_of(hidden, weight, bias), target, class_weight, ignore_index, reduction,
                          label_smoothing, z_loss, softcap)
 
 
 def public(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
-           label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, compute_grad=False):
+           label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, low_memory=False,
+           chunk_classes=None, compute_grad=False):
     """fusedops.linear_cross_entropy with the op's argument order."""
     return fusedops.linear_cross_entropy(hidden, weight, target, bias, ignore_index=ignore_index,
                                          reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
-                                         softcap=softcap, class_weight=class_weight, chunk_rows=chunk_rows)
+                                         softcap=softcap, class_weight=class_weight, chunk_rows=chunk_rows,
+                                         low_memory=low_memory, chunk_classes=chunk_classes)
 
 
 def torch_equivalent(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
-                     label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, compute_grad=False):
+                     label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, low_memory=False,
+                     chunk_classes=None, compute_grad=False):
     return reference(hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss,
                      softcap)
 
@@ -66,7 +72,29 @@ def _class_weight(V, device):
     return 0.25 + 1.5 * torch.rand(V, device=device)
 
 
+def _args(h, w, t, b, cw, ignore_index, reduction, ls, z, cap, chunk_rows):
+    """The op's arguments in the default mode (chunks of rows)."""
+    return (h, w, t, b, cw, ignore_index, reduction, ls, z, cap, chunk_rows, False, None, True)
+
+
+def _low_memory(sample):
+    """The sample in the low-memory mode, on fresh copies of its tensors: chunks of about a third
+    of the classes (None, automatic, for a vocabulary under 20)."""
+    a = [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+         for x in sample.args]
+    V = a[1].shape[0]
+    classes = V // 3 + 1 if V >= 20 else None
+    a[10:13] = [None, True, classes]
+    return Sample(tuple(a), f"{sample.desc} low_memory chunk_classes={classes}")
+
+
 def samples(device, dtype, requires_grad=False, edge=True):
+    for sample in _default_mode_samples(device, dtype, requires_grad, edge):
+        yield sample
+        yield _low_memory(sample)
+
+
+def _default_mode_samples(device, dtype, requires_grad, edge):
     rg = requires_grad
     # (hidden shape, V, reduction, bias, class weight, ignore_every, label_smoothing, z_loss, softcap, chunk_rows, what)
     for shape, V, red, biased, weighted, ignore, ls, z, cap, chunk, what in [
@@ -87,29 +115,29 @@ def samples(device, dtype, requires_grad=False, edge=True):
         b = _bias(V, dtype, device, rg) if biased else None
         t = _targets(shape[:-1], V, device, ignore)
         cw = _class_weight(V, device) if weighted else None
-        yield Sample((h, w, t, b, cw, -100, red, ls, z, cap, chunk, True), f"{what} {list(shape)} V={V} {red}")
+        yield Sample(_args(h, w, t, b, cw, -100, red, ls, z, cap, chunk), f"{what} {list(shape)} V={V} {red}")
     h = _hidden((6, 8), dtype, device, rg)
     t = _targets((6,), 20, device, 2, ignore_index=7, dtype=torch.int32)
-    yield Sample((h, _weight(20, 8, dtype, device, rg), t, None, None, 7, "mean", 0.0, 0.0, None, 4, True),
+    yield Sample(_args(h, _weight(20, 8, dtype, device, rg), t, None, None, 7, "mean", 0.0, 0.0, None, 4),
                  "ignore_index=7 (a class), int32 targets")
     if dtype in (torch.bfloat16, torch.float16):
         # Mixed precision as training has it: float32 parameters with narrow activations.
         h = _hidden((5, 16), dtype, device, rg)
-        yield Sample((h, _weight(30, 16, torch.float32, device, rg), _targets((5,), 30, device, 3),
-                      _bias(30, torch.float32, device, rg), None, -100, "mean", 0.0, 0.0, None, 2, True),
+        yield Sample(_args(h, _weight(30, 16, torch.float32, device, rg), _targets((5,), 30, device, 3),
+                           _bias(30, torch.float32, device, rg), None, -100, "mean", 0.0, 0.0, None, 2),
                      "float32 weight and bias")
     if not edge:
         return
     for shape, red in [((0, 8), "sum"), ((0, 8), "none"), ((2, 0, 8), "none")]:
         h = _hidden(shape, dtype, device, rg)
         w, b = _weight(10, 8, dtype, device, rg), _bias(10, dtype, device, rg)
-        yield Sample((h, w, _targets(shape[:-1], 10, device), b, None, -100, red, 0.0, 0.0, None, 3, True),
+        yield Sample(_args(h, w, _targets(shape[:-1], 10, device), b, None, -100, red, 0.0, 0.0, None, 3),
                      f"empty {list(shape)} {red}")
     # Every row ignored but one, in a chunk of its own.
     t = _targets((5,), 16, device)
     t[:4] = -100
-    yield Sample((_hidden((5, 8), dtype, device, rg), _weight(16, 8, dtype, device, rg), t, None, None, -100, "mean",
-                  0.0, 0.0, None, 2, True), "one row not ignored")
+    h, w = _hidden((5, 8), dtype, device, rg), _weight(16, 8, dtype, device, rg)
+    yield Sample(_args(h, w, t, None, None, -100, "mean", 0.0, 0.0, None, 2), "one row not ignored")
 
 
 def sample_for_shape(device, dtype, shape, requires_grad=False):
@@ -120,8 +148,8 @@ def sample_for_shape(device, dtype, shape, requires_grad=False):
     h = _hidden(shape, dtype, device, requires_grad)
     t = _targets(tuple(shape[:-1]), V, device, 3)
     chunk = 3 if h.numel() // max(H, 1) <= 64 else None
-    return Sample((h, _weight(V, H, dtype, device, requires_grad), t, _bias(V, dtype, device, requires_grad),
-                   _class_weight(V, device), -100, "mean", 0.1, 0.01, None, chunk, True),
+    w, b = _weight(V, H, dtype, device, requires_grad), _bias(V, dtype, device, requires_grad)
+    return Sample(_args(h, w, t, b, _class_weight(V, device), -100, "mean", 0.1, 0.01, None, chunk),
                   f"hidden{list(shape)} V={V}")
 
 
@@ -187,6 +215,14 @@ def error_samples(device):
               r"linear_cross_entropy: softcap must be a finite number > 0 \(or None\), got 0", "softcap")
     yield bad((h, w, t, None, None, -100, "mean", 0.0, 0.0, None, 0),
               r"linear_cross_entropy: chunk_rows must be >= 1 \(or None: automatic\), got 0", "chunk_rows")
+    yield bad((h, w, t, None, None, -100, "mean", 0.0, 0.0, None, 4, True),
+              r"linear_cross_entropy: chunk_rows does not apply with low_memory=True \(the vocabulary is "
+              r"split into chunks instead\)", "chunk_rows with low_memory")
+    yield bad((h, w, t, None, None, -100, "mean", 0.0, 0.0, None, None, False, 8),
+              r"linear_cross_entropy: chunk_classes applies with low_memory=True only", "chunk_classes alone")
+    yield bad((h, w, t, None, None, -100, "mean", 0.0, 0.0, None, None, True, 0),
+              r"linear_cross_entropy: chunk_classes must be >= 1 \(or None: automatic\), got 0",
+              "chunk_classes")
     if device == "cpu":  # values are read by the CPU kernel only (GPU: tests/test_linear_cross_entropy.py)
         yield bad((h, w, torch.tensor([1, 2, 10, 3], device=device), None, None) + opts,
                   r"linear_cross_entropy: target\[2\] = 10 is outside \[0, 10\) and is not ignore_index \(-100\)",
@@ -242,9 +278,12 @@ def strided_samples(device, dtype):
         ls = draw(st.sampled_from([0.0, 0.15]))
         z = draw(st.sampled_from([0.0, 0.02]))
         chunk = draw(st.sampled_from([None, 1, 3]))
-        return Sample((h, w, t, b, cw, -100, red, ls, z, None, chunk, True),
+        low = draw(st.booleans())
+        mode = (None, True, chunk) if low else (chunk, False, None)
+        return Sample((h, w, t, b, cw, -100, red, ls, z, None, *mode, True),
                       f"hidden{logical} stride={list(h.stride())} weight stride={list(w.stride())} V={V} {red} "
-                      f"bias={b is not None} class_weight={cw is not None} ls={ls} z={z} chunk={chunk}")
+                      f"bias={b is not None} class_weight={cw is not None} ls={ls} z={z} "
+                      f"{'chunk_classes' if low else 'chunk_rows'}={chunk}")
 
     return strided()
 
@@ -252,16 +291,21 @@ def strided_samples(device, dtype):
 def check_autocast(device):
     """Under autocast hidden runs in the autocast dtype; float32 parameters stay float32 (the op
     casts the weight for the products itself) and get float32 gradients; the loss is float32."""
+    for mode in ({"chunk_rows": 5}, {"low_memory": True, "chunk_classes": 30}):
+        _check_autocast(device, mode)
+
+
+def _check_autocast(device, mode):
     amp = torch.bfloat16 if device == "cpu" else torch.float16
     h = torch.randn(4, 6, 32, device=device, requires_grad=True)
     w = _weight(80, 32, torch.float32, device, True)
     b = _bias(80, torch.float32, device, True)
     t = _targets((4, 6), 80, device, 3)
     with torch.autocast(device_type=device, dtype=amp):
-        loss = fusedops.linear_cross_entropy(h, w, t, b, label_smoothing=0.1, chunk_rows=5)
+        loss = fusedops.linear_cross_entropy(h, w, t, b, label_smoothing=0.1, **mode)
     assert loss.dtype == torch.float32, loss.dtype
-    expected = _op.forward(h.detach().to(amp), w.detach(), t, b.detach(), None, -100, "mean", 0.1, 0.0, None, 5,
-                           False)[0]
+    expected = _op.forward(h.detach().to(amp), w.detach(), t, b.detach(), None, -100, "mean", 0.1, 0.0, None,
+                           **mode)[0]
     torch.testing.assert_close(loss, expected, atol=0, rtol=0)
     loss.backward()
     assert h.grad.dtype == w.grad.dtype == b.grad.dtype == torch.float32
@@ -279,8 +323,9 @@ def check_autocast(device):
 
 def backward_args(sample, outputs, grad_output):
     a = [x.detach() if isinstance(x, torch.Tensor) else x for x in sample.args]
-    # (grad_output, hidden, weight, target, bias, class_weight, ignore_index, reduction, ls, z, softcap, chunk_rows)
-    return (grad_output, *a[:11])
+    # (grad_output, hidden, weight, target, bias, class_weight, ignore_index, reduction, ls, z, softcap,
+    #  chunk_rows, low_memory, chunk_classes)
+    return (grad_output, *a[:13])
 
 
 def check_large_input(device):

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from ._norm import _device_guard
 
-__all__ = ["forward", "scale"]
+__all__ = ["forward", "scale", "slice_stats", "slice_grad"]
 
 # The interpreter (tests on a machine without a GPU) runs a block as numpy arrays: a small block
 # there takes the multi-block loops on the small shapes those tests can afford.
@@ -216,6 +216,84 @@ def _scale_kernel(g_ptr, out_ptr, go_ptr, T1, gs0, gs1, O1, os0, os1, V,
         _scale_row(g_ptr, out_ptr, row, k, T1, gs0, gs1, O1, os0, os1, V, ACC, BLOCK)
 
 
+@triton.jit
+def _slice_stats_kernel(x_ptr, target_ptr, weight_ptr, stats_ptr, xs, S, class_start, ignore_index, cap,
+                        cap_lo, HAS_WEIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
+                        ACC: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cap = tl.cast(cap, ACC) + tl.cast(cap_lo, ACC)  # (as _row_kernel's options)
+    t = tl.load(target_ptr + row).to(tl.int64)
+    if t != ignore_index:
+        x_row = x_ptr + row * xs
+        cols = tl.arange(0, BLOCK)
+        m = tl.full([BLOCK], float("-inf"), ACC)
+        s = tl.zeros([BLOCK], ACC)
+        wx = tl.zeros([BLOCK], ACC)
+        for start in range(0, S, BLOCK):
+            c = start + cols
+            mask = c < S
+            v = _softcapped(tl.load(x_row + c, mask=mask, other=0.0).to(ACC), cap, SOFTCAP)
+            v_m = tl.where(mask, v, float("-inf"))
+            m_new = tl.maximum(m, v_m)
+            alpha = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
+            s = s * alpha + tl.where(v_m > float("-inf"), tl.exp(v_m - m_new), 0.0)
+            m = m_new
+            if SMOOTH:
+                if HAS_WEIGHT:
+                    w = tl.load(weight_ptr + class_start + c, mask=mask, other=0.0).to(ACC)
+                    wx += tl.where(mask, w * v, 0.0)
+                else:
+                    wx += tl.where(mask, v, 0.0)
+        mb = tl.max(m, 0)
+        sb = tl.sum(s * tl.where(m == float("-inf"), 0.0, tl.exp(m - mb)), 0)
+        # Merged into the row's running values (the slices of a row come one launch after another).
+        r = stats_ptr + 4 * row
+        m0 = tl.load(r).to(ACC)
+        s0 = tl.load(r + 1).to(ACC)
+        mx = tl.maximum(m0, mb)
+        s0 = tl.where(m0 == float("-inf"), 0.0, s0 * tl.exp(m0 - mx))
+        sb = tl.where(mb == float("-inf"), 0.0, sb * tl.exp(mb - mx))
+        tl.store(r, mx)
+        tl.store(r + 1, s0 + sb)
+        if SMOOTH:
+            tl.store(r + 2, tl.load(r + 2) + tl.sum(wx, 0))
+        local = t - class_start
+        if (local >= 0) & (local < S):
+            tl.store(r + 3, _softcapped(tl.load(x_row + local).to(ACC), cap, SOFTCAP))
+
+
+@triton.jit
+def _slice_grad_kernel(x_ptr, target_ptr, weight_ptr, coefs_ptr, xs, S, class_start, ignore_index, cap,
+                       cap_lo, HAS_WEIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
+                       ACC: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = c < S
+    x_row = x_ptr + row * xs
+    cap = tl.cast(cap, ACC) + tl.cast(cap_lo, ACC)
+    t = tl.load(target_ptr + row).to(tl.int64)
+    if t == ignore_index:
+        tl.store(x_row + c, tl.zeros([BLOCK], ACC).to(x_ptr.dtype.element_ty), mask=mask)
+    else:
+        k = coefs_ptr + 4 * row
+        lse = tl.load(k).to(ACC)
+        cp = tl.load(k + 1).to(ACC)
+        ct = tl.load(k + 2).to(ACC)
+        v = _softcapped(tl.load(x_row + c, mask=mask, other=0.0).to(ACC), cap, SOFTCAP)
+        d = tl.exp(v - lse) * cp
+        if SMOOTH:
+            cw = tl.load(k + 3).to(ACC)
+            if HAS_WEIGHT:
+                d -= cw * tl.load(weight_ptr + class_start + c, mask=mask, other=0.0).to(ACC)
+            else:
+                d -= cw
+        d -= tl.where(c + class_start == t, ct, 0.0)
+        if SOFTCAP:
+            u = v / cap
+            d *= 1.0 - u * u
+        tl.store(x_row + c, d.to(x_ptr.dtype.element_ty), mask=mask)
+
+
 def _two_level_rows(t: Tensor):
     """(T1, stride0, stride1) addressing t's rows as row = b * T1 + tt, or None when its leading
     dimensions do not collapse into two (fusedops/rows.h's rule: size-1 dims dropped,
@@ -323,3 +401,35 @@ def scale(grad_output: Tensor, grad: Tensor, out: Tensor, in_place: bool) -> Non
         )
     if target is not out:
         out.copy_(target)
+
+
+def _slice(kernel, logits: Tensor, target: Tensor, weight: Optional[Tensor], class_start: int,
+           ignore_index: int, softcap: Optional[float], smoothing: bool, state: Tensor,
+           grid_columns: bool) -> None:
+    R, S = logits.shape
+    if R == 0 or S == 0:
+        return
+    acc = tl.float64 if logits.dtype == torch.float64 else tl.float32
+    target = target.contiguous()
+    weight = weight.contiguous() if weight is not None else None
+    block = _block(S)
+    grid = (R, triton.cdiv(S, block)) if grid_columns else (R,)
+    with _device_guard(logits.device):
+        kernel[grid](logits, target, weight if weight is not None else state, state, logits.stride(0), S,
+                     class_start, ignore_index, *_split(softcap or 1.0), HAS_WEIGHT=weight is not None,
+                     SOFTCAP=softcap is not None, SMOOTH=smoothing, ACC=acc, BLOCK=block)
+
+
+def slice_stats(logits: Tensor, target: Tensor, weight: Optional[Tensor], class_start: int, ignore_index: int,
+                softcap: Optional[float], smoothing: bool, stats: Tensor) -> None:
+    """Merges the slice of classes [class_start, class_start + S) held by logits (R, S) into each
+    row's running statistics (R, 4), as csrc/include/fusedops/cross_entropy.h states."""
+    _slice(_slice_stats_kernel, logits, target, weight, class_start, ignore_index, softcap, smoothing, stats,
+           False)
+
+
+def slice_grad(logits: Tensor, target: Tensor, weight: Optional[Tensor], class_start: int, ignore_index: int,
+               softcap: Optional[float], smoothing: bool, coefs: Tensor) -> None:
+    """Overwrites the slice logits (R, S) with its gradient from each row's (lse, cp, ct, cw)."""
+    _slice(_slice_grad_kernel, logits, target, weight, class_start, ignore_index, softcap, smoothing, coefs,
+           True)
