@@ -78,6 +78,17 @@ def check_options(op, reduction, label_smoothing, z_loss, softcap):
         raise ValueError(f"{op}: softcap must be a finite number > 0 (or None), got {_num(softcap)}")
 
 
+def _check_weight_goes_with(op, weight, logits):
+    """Class weights in the logits' dtype or float32, on their device."""
+    if not (weight.dtype == logits.dtype or weight.dtype == torch.float32):
+        raise ValueError(
+            f"{op}: weight dtype {dtype_name(weight.dtype)} does not go with logits dtype "
+            f"{dtype_name(logits.dtype)}: use logits' dtype or float32"
+        )
+    if not _same_device(weight, logits):
+        raise ValueError(f"{op}: weight is on {_device_str(weight)} but logits is on {_device_str(logits)}")
+
+
 def check(op, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, in_place=False):
     """The checks of csrc/include/fusedops/cross_entropy.h (make_problem), in the same words."""
     if logits.dim() < 1:
@@ -111,13 +122,7 @@ def check(op, logits, target, weight, ignore_index, reduction, label_smoothing, 
                 f"{op}: weight must be a 1-D tensor of logits.size(-1) = {V} class weights, got shape "
                 f"{shape_str(weight)}"
             )
-        if not (weight.dtype == logits.dtype or weight.dtype == torch.float32):
-            raise ValueError(
-                f"{op}: weight dtype {dtype_name(weight.dtype)} does not go with logits dtype "
-                f"{dtype_name(logits.dtype)}: use logits' dtype or float32"
-            )
-        if not _same_device(weight, logits):
-            raise ValueError(f"{op}: weight is on {_device_str(weight)} but logits is on {_device_str(logits)}")
+        _check_weight_goes_with(op, weight, logits)
     check_options(op, reduction, label_smoothing, z_loss, softcap)
     if in_place:
         if V != 1 and logits.stride(-1) != 1:
@@ -497,15 +502,7 @@ def check_slice(op, logits, target, weight, class_start, softcap, state, state_n
                 f"{op}: weight must be a 1-D tensor of the class weights of every class, at least "
                 f"class_start + logits.size(1) = {class_start + S} of them, got shape {shape_str(weight)}"
             )
-        if not (weight.dtype == logits.dtype or weight.dtype == torch.float32):
-            raise ValueError(
-                f"{op}: weight dtype {dtype_name(weight.dtype)} does not go with logits dtype "
-                f"{dtype_name(logits.dtype)}: use logits' dtype or float32"
-            )
-        if not _same_device(weight, logits):
-            raise ValueError(
-                f"{op}: weight is on {_device_str(weight)} but logits is on {_device_str(logits)}"
-            )
+        _check_weight_goes_with(op, weight, logits)
     if softcap is not None and not (softcap > 0.0 and math.isfinite(softcap)):
         raise ValueError(f"{op}: softcap must be a finite number > 0 (or None), got {_num(softcap)}")
     acc = acc_dtype(logits.dtype)
