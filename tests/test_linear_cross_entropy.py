@@ -360,6 +360,28 @@ def test_autocast_fp32_parameters_bf16():
     assert not torch.equal(w.grad, w.grad.bfloat16().float())
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_autocast_float32_hidden_with_bf16_weight(mode):
+    """Under autocast, float32 activations with a bf16 lm_head (a model cast to bf16, activations
+    from a float32 part) run as torch's linear would: hidden is cast to bf16 by the op's autocast
+    rule, then the op runs as if called with bf16 hidden. Outside autocast the pair is refused."""
+    h, w, b, t = _inputs(10, 8, 30, "cpu", dtype=torch.float32, bias=False)
+    wb = w.detach().bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = fusedops.linear_cross_entropy(h, wb, t, **mode)
+    loss.backward()
+    hb = h.detach().bfloat16().requires_grad_()
+    wb2 = wb.detach().clone().requires_grad_()
+    expected = fusedops.linear_cross_entropy(hb, wb2, t, **mode)
+    expected.backward()
+    assert loss.dtype == torch.float32 and h.grad.dtype == torch.float32 and wb.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(loss.bfloat16(), expected, atol=0, rtol=0)  # (bf16 outside autocast)
+    torch.testing.assert_close(h.grad, hb.grad.float(), atol=0, rtol=0)
+    torch.testing.assert_close(wb.grad, wb2.grad, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="weight dtype bfloat16 does not go with hidden dtype float32"):
+        fusedops.linear_cross_entropy(h, wb, t, **mode)
+
+
 def test_module_loads_an_lm_head_and_matches():
     torch.manual_seed(0)
     lm_head = torch.nn.Linear(16, 50, bias=True, dtype=torch.float64)

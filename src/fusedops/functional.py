@@ -480,7 +480,9 @@ def linear_cross_entropy(
     """
     compiling = torch.compiler.is_compiling()
     gpu_check = _cross_entropy.gpu_target_check("linear_cross_entropy", check_target, hidden, compiling)
-    if not compiling:
+    # (under autocast the op checks its arguments itself, after its rule has cast them: a float32
+    # hidden with a bf16 weight is fine there, as for torch's linear)
+    if not compiling and not torch.is_autocast_enabled(hidden.device.type):
         _linear_cross_entropy.check(
             "linear_cross_entropy", hidden, weight, target, bias, class_weight, ignore_index, reduction,
             label_smoothing, z_loss, softcap, chunk_rows, low_memory, chunk_classes,
