@@ -380,6 +380,11 @@ def test_autocast_float32_hidden_with_bf16_weight(mode):
     torch.testing.assert_close(wb.grad, wb2.grad, atol=0, rtol=0)
     with pytest.raises(ValueError, match="weight dtype bfloat16 does not go with hidden dtype float32"):
         fusedops.linear_cross_entropy(h, wb, t, **mode)
+    # Autocast casts no integer or float64 tensor: the op refuses them as outside autocast.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for bad, name in ((w.detach().int(), "int32"), (w.detach().double(), "float64")):
+            with pytest.raises(ValueError, match=f"weight dtype {name} does not go with hidden dtype bfloat16"):
+                fusedops.linear_cross_entropy(h, bad, t, **mode)
 
 
 def test_module_loads_an_lm_head_and_matches():

@@ -662,13 +662,14 @@ def _autocast_kernel(device_type):
              label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, low_memory=False,
              chunk_classes=None, compute_grad=False):
         dt = torch.get_autocast_dtype(device_type)
-        if hidden.dtype in (torch.float32, torch.bfloat16, torch.float16) and hidden.dtype != dt:
+        if hidden.dtype in NARROW + (torch.float32,) and hidden.dtype != dt:
             hidden = hidden.to(dt)
-        # (float32 parameters stay float32: the op casts the weight for the products itself and
-        # returns the gradient in float32)
-        if weight.dtype not in (dt, torch.float32):
+        # Only the other 16-bit dtype is cast: float32 parameters stay float32 (the op casts the
+        # weight for the products itself and returns the gradient in float32); float64 and
+        # integer tensors are not autocast's to cast (as torch's rule), so the op refuses them.
+        if weight.dtype in NARROW and weight.dtype != dt:
             weight = weight.to(dt)
-        if bias is not None and bias.dtype not in (dt, torch.float32):
+        if bias is not None and bias.dtype in NARROW and bias.dtype != dt:
             bias = bias.to(dt)
         with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
             return forward(hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
