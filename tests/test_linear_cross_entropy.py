@@ -387,10 +387,12 @@ def test_autocast_float32_hidden_with_bf16_weight(mode):
                 fusedops.linear_cross_entropy(h, bad, t, **mode)
 
 
-def test_module_loads_an_lm_head_and_matches():
+@pytest.mark.parametrize("mode", MODES)
+def test_module_loads_an_lm_head_and_matches(mode):
     torch.manual_seed(0)
     lm_head = torch.nn.Linear(16, 50, bias=True, dtype=torch.float64)
-    module = fusedops.nn.LinearCrossEntropyLoss(16, 50, bias=True, dtype=torch.float64, z_loss=1e-3, chunk_rows=4)
+    module = fusedops.nn.LinearCrossEntropyLoss(16, 50, bias=True, dtype=torch.float64, z_loss=1e-3, **mode)
+    assert all(f"{k}={v}" in repr(module) for k, v in mode.items())
     module.load_state_dict(lm_head.state_dict())
     assert set(module.state_dict()) == {"weight", "bias"}
     h = torch.randn(2, 9, 16, dtype=torch.float64)
