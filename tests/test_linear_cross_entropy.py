@@ -179,12 +179,18 @@ def test_mean_denominator_is_the_batch(device="cpu"):
             _close(got, exp, what=str(list(kw)))
 
 
-def test_mean_all_ignored():
-    """Every row ignored under 'mean': NaN, as torch (0/0)."""
+@pytest.mark.parametrize("mode", MODES)
+def test_mean_all_ignored(mode):
+    """Every row ignored under 'mean': the loss NaN (0/0) and the gradients 0, as torch's."""
     h, w, b, t = _inputs(4, 3, 7, "cpu")
     t[:] = -100
-    assert torch.isnan(fusedops.linear_cross_entropy(h, w, t, b, chunk_rows=2))
-    assert fusedops.linear_cross_entropy(h, w, t, b, reduction="sum").item() == 0.0
+    loss = fusedops.linear_cross_entropy(h, w, t, b, **mode)
+    assert torch.isnan(loss)
+    ref = torch.nn.functional.cross_entropy(h @ w.t() + b, t)
+    assert torch.isnan(ref)
+    for got, exp in zip(_grads(loss, [h, w, b]), _grads(ref, [h, w, b])):
+        assert torch.equal(got, exp) and not got.any()
+    assert fusedops.linear_cross_entropy(h, w, t, b, reduction="sum", **mode).item() == 0.0
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -242,20 +242,24 @@ def _class_weight_for(class_weight, dt):
 
 
 def _plan(target_flat, class_weight, ignore_index, reduction, z_loss, acc, V):
-    """(class weights the chunks use, the factor every result is multiplied by at the end, or
-    None) for the whole batch; device arithmetic only."""
+    """(class weights the chunks use, the factor the loss is multiplied by at the end, the one the
+    gradients are) for the whole batch, the factors None unless "mean"; device arithmetic only.
+    Every row ignored: the loss is 0 / 0 (NaN) and the gradients 0, as torch's."""
     w = None if class_weight is None else class_weight
     if reduction != "mean":
-        return w, None
+        return w, None, None
     kept = target_flat != ignore_index
     count = kept.sum().to(acc)
     if w is None:
-        return None, 1.0 / count
-    safe = torch.where(kept & (target_flat >= 0) & (target_flat < V), target_flat, torch.zeros_like(target_flat))
-    wsum = torch.where(kept, w.to(acc)[safe], torch.zeros((), dtype=acc, device=w.device)).sum()
-    if z_loss == 0.0:
-        return w, 1.0 / wsum
-    return w.to(acc) * (count / wsum), 1.0 / count
+        factor = 1.0 / count
+    else:
+        safe = torch.where(kept & (target_flat >= 0) & (target_flat < V), target_flat, torch.zeros_like(target_flat))
+        wsum = torch.where(kept, w.to(acc)[safe], torch.zeros((), dtype=acc, device=w.device)).sum()
+        if z_loss == 0.0:
+            factor = 1.0 / wsum
+        else:
+            w, factor = w.to(acc) * (count / wsum), 1.0 / count
+    return w, factor, torch.where(count > 0, factor, torch.zeros_like(factor))
 
 
 def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
@@ -275,7 +279,8 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
     dt = _product_dtype(hidden)  # hidden's dtype, or float32 on a CPU without 16-bit products
     w = weight if weight.dtype == dt else weight.to(dt)
     b = None if bias is None else (bias if bias.dtype == dt else bias.to(dt))
-    cw, factor = _plan(t, _class_weight_for(class_weight, dt), ignore_index, reduction, z_loss, acc, V)
+    cw, factor, grad_factor = _plan(t, _class_weight_for(class_weight, dt), ignore_index, reduction, z_loss, acc,
+                                    V)
     red = "none" if reduction == "none" else "sum"
     loss = None
     if want_loss:
@@ -323,7 +328,7 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
         _accumulate_mm(grad_weight, logits.t(), xc)
         if bias is not None:
             grad_bias += logits.sum(0, dtype=acc)
-    scale = factor
+    scale = grad_factor
     if grad_output is not None and reduction != "none":
         scale = grad_output.to(acc) if scale is None else scale * grad_output.to(acc)
     if want_loss and factor is not None:
