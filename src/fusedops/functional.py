@@ -463,7 +463,7 @@ def linear_cross_entropy(
             cost that many more bytes.
         low_memory: walk the vocabulary in chunks of classes instead of the rows in chunks:
             besides the inputs and the gradients, only one chunk of every row's logits, a float32
-            copy of the gradient of ``hidden`` (when hidden is narrower) and 16 bytes a row, with
+            copy of the gradient of ``hidden`` (when hidden is narrower) and ~50 bytes a row, with
             no float32 buffer of the weight's size; the weight's gradient comes in the weight's
             dtype (accumulated in float32 inside the matrix products). Costs one more matrix
             product (four instead of three). Not with ``chunk_rows``.

@@ -360,7 +360,7 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
 #
 # Memory beyond inputs and gradients: one slice of logits (SLICE_BYTES), the (N, H) float32
 # accumulator when hidden is narrower, a slice of the weight in hidden's dtype when the weight
-# is float32, and 16 bytes a row of statistics.
+# is float32, and the per-row statistics and coefficients (some 50 bytes a row).
 
 SLICE_BYTES = 32 * 2**20
 
