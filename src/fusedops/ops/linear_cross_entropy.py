@@ -265,8 +265,10 @@ def _plan(target_flat, class_weight, ignore_index, reduction, z_loss, acc, V):
 def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
             label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, want_loss=True, want_grad=False,
             grad_output=None):
-    """The chunk loop. `kernels` = (cross_entropy forward, cross_entropy_ in place) with the
-    registered ops' signatures. grad_output: None (1) or a tensor (0-d, or per row for "none").
+    """The chunk loop. `kernels` = (cross_entropy forward, cross_entropy_ in place, slice_stats_,
+    slice_grad_) with the registered ops' signatures; this loop uses the first two. class_weight
+    in a dtype the kernels take (_run sees to it). grad_output: None (1) or a tensor (0-d, or per
+    row for "none").
     Returns (loss or None, grad_hidden, grad_weight, grad_bias) with empty tensors for what was
     not wanted."""
     ce_forward, ce_inplace = kernels[:2]
@@ -279,8 +281,7 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
     dt = _product_dtype(hidden)  # hidden's dtype, or float32 on a CPU without 16-bit products
     w = weight if weight.dtype == dt else weight.to(dt)
     b = None if bias is None else (bias if bias.dtype == dt else bias.to(dt))
-    cw, factor, grad_factor = _plan(t, _class_weight_for(class_weight, dt), ignore_index, reduction, z_loss, acc,
-                                    V)
+    cw, factor, grad_factor = _plan(t, class_weight, ignore_index, reduction, z_loss, acc, V)
     red = "none" if reduction == "none" else "sum"
     loss = None
     if want_loss:
@@ -441,9 +442,8 @@ def compute_low_memory(kernels, hidden, weight, target, bias=None, class_weight=
     N = x.shape[0]
     dt = _product_dtype(hidden)
     xd = x if x.dtype == dt else x.to(dt)
-    class_weight = _class_weight_for(class_weight, dt)
     smoothing = label_smoothing > 0
-    S = slice_classes_for(N, V, torch.empty((), dtype=dt).element_size(), chunk_classes)
+    S = slice_classes_for(N, V, dt.itemsize, chunk_classes)
     buf = hidden.new_empty((N * S,), dtype=dt)
 
     def slice_logits(v0, v1):
@@ -492,7 +492,8 @@ def _check_targets_cpu(op, target, V, ignore_index):
 
 def _run(kernels, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
          z_loss, softcap, chunk_rows, low_memory, chunk_classes, **wants):
-    """The chunk loop of the mode asked for."""
+    """The chunk loop of the mode asked for, with class weights the kernels take."""
+    class_weight = _class_weight_for(class_weight, _product_dtype(hidden))
     inputs = (kernels, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
               z_loss, softcap)
     if low_memory:
