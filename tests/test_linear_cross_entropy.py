@@ -242,6 +242,23 @@ def test_registered_op_without_compute_grad_recomputes(reduction, mode):
         _close(a, e)
 
 
+@pytest.mark.parametrize("compute_grad", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_forward_outputs_alias_nothing(mode, compute_grad):
+    """The forward op's outputs share storage with no input and with each other, also the empty
+    placeholders for gradients not computed (torch.compile refuses an op whose outputs alias);
+    opcheck over that call agrees."""
+    h, w, b, t = _inputs(9, 4, 13, "cpu")
+    args = (h, w, t, b, None, -100, "none", 0.0, 0.0, None)
+    kwargs = dict(mode, compute_grad=compute_grad)
+    outputs = lce_op.forward(*args, **kwargs)
+    inputs = {x.untyped_storage().data_ptr() for x in (h, w, t, b)}
+    storages = [o.untyped_storage()._cdata for o in outputs]
+    assert len(set(storages)) == len(outputs), [o.shape for o in outputs]
+    assert not any(o.numel() and o.untyped_storage().data_ptr() in inputs for o in outputs)
+    torch.library.opcheck(torch.ops.fusedops.linear_cross_entropy.default, args, kwargs)
+
+
 def test_class_weight_grad_refused():
     h, w, b, t = _inputs(4, 3, 7, "cpu")
     cw = torch.ones(7, dtype=torch.float64, requires_grad=True)

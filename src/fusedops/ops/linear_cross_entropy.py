@@ -465,8 +465,9 @@ def compute_low_memory(kernels, hidden, weight, target, bias=None, class_weight=
     if reduction == "none":
         loss = loss.view(target.shape)
     if not want_grad:
-        empty = hidden.new_empty((0,), dtype=acc)
-        return (loss if want_loss else None), hidden.new_empty((0,)), empty, empty
+        # Three tensors, not one returned thrice: an op's outputs may not alias each other.
+        nothing = [hidden.new_empty((0,), dtype=d) for d in (hidden.dtype, acc, acc)]
+        return (loss if want_loss else None), *nothing
     gh = hidden.new_zeros((N, H), dtype=acc)
     grad_weight = weight.new_empty((V, H))
     grad_bias = hidden.new_empty((V,) if bias is not None else (0,), dtype=acc)
