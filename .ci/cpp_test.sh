@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CMake path for C++ users: build fusedops as plain shared libraries against libtorch found
 # through torch.utils.cmake_prefix_path (the CPU torch of .venv), and run the C++ program that
-# calls the ops through the dispatcher (tests/cpp/dispatcher_test.cpp) under ctest.
+# calls the ops through the dispatcher (tests/cpp/dispatcher_test.cpp), and the CPU kernels' dtype
+# conversions checked against c10's (tests/cpp/convert_test.cpp), under ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=$(mktemp -d /tmp/fusedops-cpp.XXXXXX)
