@@ -2,7 +2,11 @@
 # One call on the GPU machine does everything that needs the GPU: build, the GPU test suites for
 # both CUDA backends, compute-sanitizer over them, and the benchmarks. Logs and results go to
 # $OUT (default ./gpu-out). Choose steps with STEPS=build,test,sanitize,bench (default: all).
-# Peers that are not installed there (liger-kernel, expecttest) travel as wheels in .whl/.
+# WHEEL=dist/fusedops-*.whl installs a wheel built elsewhere (against torch 2.14.1 headers; it
+# loads under the GPU machine's older torch by the stable ABI) in place of the build step.
+# PARALLEL=1 runs the two backends' suites (and sanitizer runs) side by side, so that a step of
+# both fits one 10-minute call. Peers that are not installed there (liger-kernel, expecttest)
+# travel as wheels in .whl/.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 STEPS=${STEPS:-build,test,sanitize,bench}
@@ -13,28 +17,43 @@ status=0
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
-if has build; then
+if [ -n "${WHEEL:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fusedops-wheel $WHEEL >"$OUT/build.log" 2>&1 \
+    || { tail -30 "$OUT/build.log"; exit 1; }
+  export PYTHONPATH=/tmp/fusedops-wheel${PYTHONPATH:+:$PYTHONPATH}
+  python3 -m fusedops 2>&1 | tee "$OUT/selfcheck.log" | tail -25
+elif has build; then
   TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} FUSEDOPS_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} \
     python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   grep -E "spill|warning" "$OUT/build.log" | head -5
   python3 -m fusedops 2>&1 | tee "$OUT/selfcheck.log" | tail -25
 fi
-for backend in cuda triton; do
+suites() {  # the GPU suites of one backend, then compute-sanitizer over the kernel suites
+  local backend=$1 rc=0
   if has test; then
-    FUSEDOPS_BACKEND=$backend timeout 400 python3 -m pytest -m gpu tests -q -p no:cacheprovider -x -rs \
-      >"$OUT/test-$backend.log" 2>&1 || status=1
+    FUSEDOPS_BACKEND=$backend timeout ${TEST_TIMEOUT:-400} python3 -m pytest -m gpu tests -q -p no:cacheprovider -x -rs \
+      >"$OUT/test-$backend.log" 2>&1 || rc=1
     echo "tests ($backend): $(tail -1 "$OUT/test-$backend.log")"
   fi
   if has sanitize; then
     # Not CUDA-graph capture: under compute-sanitizer (H200, torch 2.11.0+cu130, 2026-12-01) every
     # op's capture test fails in the autograd engine's wait of the legacy stream on the capturing
     # one (cudaErrorStreamCaptureImplicit), each op alone too; outside the sanitizer they pass.
-    FUSEDOPS_BACKEND=$backend timeout 500 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    FUSEDOPS_BACKEND=$backend timeout ${SANITIZE_TIMEOUT:-500} compute-sanitizer --tool memcheck --error-exitcode 9 \
       python3 -m pytest -m gpu tests/test_ops.py tests/test_cuda.py tests/test_rope.py -q -p no:cacheprovider \
-      -k "not 2_31 and not compile and not gradcheck and not graph" >"$OUT/sanitizer-$backend.log" 2>&1 || status=1
+      -k "not 2_31 and not compile and not gradcheck and not graph" >"$OUT/sanitizer-$backend.log" 2>&1 || rc=1
     echo "compute-sanitizer ($backend): $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer-$backend.log" | tail -1) $(tail -1 "$OUT/sanitizer-$backend.log")"
   fi
-done
+  return $rc
+}
+if [ "${PARALLEL:-0}" = 1 ]; then
+  suites cuda & cuda_pid=$!
+  suites triton & triton_pid=$!
+  wait $cuda_pid || status=1
+  wait $triton_pid || status=1
+else
+  for backend in cuda triton; do suites $backend || status=1; done
+fi
 if has bench; then
   # Peers, then one child process per fusedops backend, merged into one table.
   python3 benchmarks/run.py --device cuda --out "$OUT/bench" --fusedops-backends cuda,triton ${BENCH_ARGS:-} \
