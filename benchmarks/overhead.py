@@ -8,9 +8,15 @@ formula in eager torch ops. Steady-state loops, min and median of five.
 
     python benchmarks/overhead.py [--device cuda] [--shape 16x4096]
     python benchmarks/overhead.py --op rope [--shape 1x32x8x1x128]   (B x Hq x Hk x S x D)
+
+--profile N adds a cProfile of the public call (rms_norm: forward without and with autograd,
+then forward+backward; rope: the forward) and prints its N costliest functions by own time:
+where a backend's Python launch path spends its time (FUSEDOPS_BACKEND=triton, say).
 """
 
 import argparse
+import cProfile
+import pstats
 import time
 
 import torch
@@ -44,6 +50,8 @@ def main():
     parser.add_argument("--op", choices=("rms_norm", "rope"), default="rms_norm")
     parser.add_argument("--shape", default=None, help="rms_norm: ROWSxN (16x4096); rope: BxHqxHkxSxD (1x32x8x1x128)")
     parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also cProfile the public call and print its N costliest functions")
     args = parser.parse_args()
     if args.op == "rope":
         return rope(args)
@@ -73,6 +81,35 @@ def main():
         show("torch.empty_like(x), torch.empty(rows)", lambda: (torch.empty_like(x), torch.empty(shape[0], device=args.device)))
         show("x.mul(w)", lambda: x.mul(w))
     backward(args, show, x, w, eps)
+    if args.profile:
+        xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+        grad = torch.randn_like(x)
+        with torch.no_grad():
+            profile(args, "fusedops.rms_norm, no autograd", lambda: fusedops.rms_norm(x, w, eps))
+        profile(args, "fusedops.rms_norm, inputs requiring grad", lambda: fusedops.rms_norm(xg, wg, eps))
+        profile(args, "fusedops.rms_norm forward + torch.autograd.grad",
+                lambda: torch.autograd.grad(fusedops.rms_norm(xg, wg, eps), (xg, wg), grad))
+
+
+def profile(args, name, fn):
+    """cProfile of min(calls, 2000) steady-state calls of fn: the functions that cost most
+    themselves (their own time, callees excluded)."""
+    calls = min(args.calls, 2000)
+    for _ in range(50):
+        fn()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    profiler.disable()
+    print(f"profile: {name}, {calls} calls; own time per call in us")
+    stats = pstats.Stats(profiler).stats  # {(file, line, function): (cc, nc, own, cumulative, callers)}
+    top = sorted(stats.items(), key=lambda kv: -kv[1][2])[: args.profile]
+    for (file, line, function), (_cc, ncalls, own, cumulative, _callers) in top:
+        where = f"{file.rsplit('/', 2)[-1] if '/' in file else file}:{line}({function})"
+        print(f"  {own / calls * 1e6:7.2f} own {cumulative / calls * 1e6:7.2f} cum {ncalls / calls:5.1f}x  {where}")
 
 
 class _PassThrough(torch.autograd.Function):
@@ -151,6 +188,9 @@ def rope(args):
     print("below autograd")
     with _direct.BelowAutograd():
         show("the op alone", lambda: rope_op.forward(q, k, cos, sin))
+    if args.profile:
+        with torch.no_grad():
+            profile(args, "fusedops.rope, no autograd", lambda: fusedops.rope(q, k, cos, sin))
 
 
 if __name__ == "__main__":
