@@ -187,8 +187,11 @@ struct ForwardArgs {
 // y (and the statistics, and for add_rms_norm residual_out) of rows [begin, end):
 //   h = round_R(x + r) (with a residual; the row normalised is then h, else x)
 //   xhat = (x - mean) * rstd, rounded to T when kCast; y = xhat * w + b (w: offset + weight)
-template <bool kCentered, bool kCast, typename T, typename W, typename R>
-FUSEDOPS_CPU_MULTIVERSION void forward_rows(const ForwardArgs<T, W, R>& a, int64_t begin, int64_t end) {
+// kW, kB: whether there is a weight, a bias. They are template arguments, not tests in the loop:
+// a load under a condition "could trap", and GCC vectorises such a loop only with masked loads
+// (AVX-512), so the AVX2 clone of some instantiations (fp16 among them) stayed scalar.
+template <bool kCentered, bool kCast, bool kW, bool kB, typename T, typename W, typename R>
+FUSEDOPS_CPU_INLINE void forward_rows_with(const ForwardArgs<T, W, R>& a, int64_t begin, int64_t end) {
   using A = acc_t<T>;
   constexpr bool kAdd = !std::is_same_v<R, NoResidual>;
   using X = std::conditional_t<kAdd, R, T>;  // the type of the row that is normalised
@@ -216,11 +219,19 @@ FUSEDOPS_CPU_MULTIVERSION void forward_rows(const ForwardArgs<T, W, R>& a, int64
     for (int64_t j = 0; j < n; ++j) {
       A v = (to_acc(xr[j]) - mu) * rs;
       if constexpr (kCast) v = to_acc(from_acc<T>(v));
-      if (w != nullptr) v *= A(to_acc(w[j]));
-      if (b != nullptr) v += A(to_acc(b[j]));
+      if constexpr (kW) v *= A(to_acc(w[j]));
+      if constexpr (kB) v += A(to_acc(b[j]));
       yr[j] = from_acc<T>(v);
     }
   }
+}
+
+template <bool kCentered, bool kCast, typename T, typename W, typename R>
+FUSEDOPS_CPU_MULTIVERSION void forward_rows(const ForwardArgs<T, W, R>& a, int64_t begin, int64_t end) {
+  if (a.w != nullptr && a.b != nullptr) forward_rows_with<kCentered, kCast, true, true>(a, begin, end);
+  else if (a.w != nullptr) forward_rows_with<kCentered, kCast, true, false>(a, begin, end);
+  else if (a.b != nullptr) forward_rows_with<kCentered, kCast, false, true>(a, begin, end);
+  else forward_rows_with<kCentered, kCast, false, false>(a, begin, end);
 }
 
 // The pointers of a forward that every norm has.
@@ -336,9 +347,20 @@ FUSEDOPS_CPU_INLINE A unscaled_xhat(const X* xr, const A* inv_w, const A* shift,
 //   g = grad_output * w (w: offset + weight)
 //   dx = rstd * (g - xhat * mean(g * xhat) - mean(g)) (+ grad_residual_out with kGradRes)
 // (the mean(g) term: layer_norm only); written in T, and in X too when that is wider.
-template <bool kCentered, bool kSavedOutput, bool kGradRes, typename T, typename X, typename W>
-FUSEDOPS_CPU_MULTIVERSION void backward_rows(const BackwardArgs<T, X, W>& a, acc_t<T>* dw_acc, acc_t<T>* db_acc,
-                                             int64_t begin, int64_t end) {
+// grad_output times the weight at j (kW), or grad_output alone.
+template <bool kW, typename T, typename W>
+FUSEDOPS_CPU_INLINE acc_t<T> weighted_grad(const T* dyr, const W* w, int64_t j) {
+  if constexpr (kW) {
+    return to_acc(dyr[j]) * acc_t<T>(to_acc(w[j]));
+  } else {
+    return to_acc(dyr[j]);
+  }
+}
+
+// kW: whether there is a weight (a template argument for the reason forward_rows_with gives).
+template <bool kCentered, bool kSavedOutput, bool kGradRes, bool kW, typename T, typename X, typename W>
+FUSEDOPS_CPU_INLINE void backward_rows_with(const BackwardArgs<T, X, W>& a, acc_t<T>* dw_acc, acc_t<T>* db_acc,
+                                            int64_t begin, int64_t end) {
   using A = acc_t<T>;
   static_assert(std::is_same_v<acc_t<X>, A>);
   constexpr bool kWide = !std::is_same_v<X, T>;
@@ -357,7 +379,7 @@ FUSEDOPS_CPU_MULTIVERSION void backward_rows(const BackwardArgs<T, X, W>& a, acc
     A sum_gu = 0, sum_g = 0;
 #pragma omp simd reduction(+ : sum_gu, sum_g)
     for (int64_t j = 0; j < n; ++j) {
-      const A g = w != nullptr ? to_acc(dyr[j]) * A(to_acc(w[j])) : to_acc(dyr[j]);
+      const A g = weighted_grad<kW>(dyr, w, j);
       sum_gu += g * unscaled_xhat<kSavedOutput>(xr, inv_w, shift, mu, j);
       if (kCentered) sum_g += g;
     }
@@ -366,7 +388,7 @@ FUSEDOPS_CPU_MULTIVERSION void backward_rows(const BackwardArgs<T, X, W>& a, acc
     const A c0 = kCentered ? sum_g / A(n) : A(0);
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) {
-      const A g = w != nullptr ? to_acc(dyr[j]) * A(to_acc(w[j])) : to_acc(dyr[j]);
+      const A g = weighted_grad<kW>(dyr, w, j);
       A d = rs * (g - c0 - c1 * unscaled_xhat<kSavedOutput>(xr, inv_w, shift, mu, j));
       if constexpr (kGradRes) d += to_acc(dhr[j]);
       dxr[j] = from_acc<T>(d);
@@ -382,6 +404,13 @@ FUSEDOPS_CPU_MULTIVERSION void backward_rows(const BackwardArgs<T, X, W>& a, acc
       for (int64_t j = 0; j < n; ++j) db_acc[j] += to_acc(dyr[j]);
     }
   }
+}
+
+template <bool kCentered, bool kSavedOutput, bool kGradRes, typename T, typename X, typename W>
+FUSEDOPS_CPU_MULTIVERSION void backward_rows(const BackwardArgs<T, X, W>& a, acc_t<T>* dw_acc, acc_t<T>* db_acc,
+                                             int64_t begin, int64_t end) {
+  if (a.w != nullptr) backward_rows_with<kCentered, kSavedOutput, kGradRes, true>(a, dw_acc, db_acc, begin, end);
+  else backward_rows_with<kCentered, kSavedOutput, kGradRes, false>(a, dw_acc, db_acc, begin, end);
 }
 
 // out[j] = sum over c of partial[c, j], c in order, for j in [begin, end): a block of columns
