@@ -108,7 +108,7 @@ def profile(args, name, fn):
     stats = pstats.Stats(profiler).stats  # {(file, line, function): (cc, nc, own, cumulative, callers)}
     top = sorted(stats.items(), key=lambda kv: -kv[1][2])[: args.profile]
     for (file, line, function), (_cc, ncalls, own, cumulative, _callers) in top:
-        where = f"{file.rsplit('/', 2)[-1] if '/' in file else file}:{line}({function})"
+        where = f"{file.rsplit('/', 1)[-1]}:{line}({function})"
         print(f"  {own / calls * 1e6:7.2f} own {cumulative / calls * 1e6:7.2f} cum {ncalls / calls:5.1f}x  {where}")
 
 

@@ -341,12 +341,6 @@ FUSEDOPS_CPU_INLINE A unscaled_xhat(const X* xr, const A* inv_w, const A* shift,
   }
 }
 
-// grad_input (and grad_residual) of rows [begin, end); adds grad_output * xhat into dw_acc and
-// grad_output into db_acc when they are given.
-//   xhat = u * k: u = x - mean, k = rstd; with kSavedOutput u = (y - b) / w, k = 1 (x is y)
-//   g = grad_output * w (w: offset + weight)
-//   dx = rstd * (g - xhat * mean(g * xhat) - mean(g)) (+ grad_residual_out with kGradRes)
-// (the mean(g) term: layer_norm only); written in T, and in X too when that is wider.
 // grad_output times the weight at j (kW), or grad_output alone.
 template <bool kW, typename T, typename W>
 FUSEDOPS_CPU_INLINE acc_t<T> weighted_grad(const T* dyr, const W* w, int64_t j) {
@@ -357,6 +351,12 @@ FUSEDOPS_CPU_INLINE acc_t<T> weighted_grad(const T* dyr, const W* w, int64_t j) 
   }
 }
 
+// grad_input (and grad_residual) of rows [begin, end); adds grad_output * xhat into dw_acc and
+// grad_output into db_acc when they are given.
+//   xhat = u * k: u = x - mean, k = rstd; with kSavedOutput u = (y - b) / w, k = 1 (x is y)
+//   g = grad_output * w (w: offset + weight)
+//   dx = rstd * (g - xhat * mean(g * xhat) - mean(g)) (+ grad_residual_out with kGradRes)
+// (the mean(g) term: layer_norm only); written in T, and in X too when that is wider.
 // kW: whether there is a weight (a template argument for the reason forward_rows_with gives).
 template <bool kCentered, bool kSavedOutput, bool kGradRes, bool kW, typename T, typename X, typename W>
 FUSEDOPS_CPU_INLINE void backward_rows_with(const BackwardArgs<T, X, W>& a, acc_t<T>* dw_acc, acc_t<T>* db_acc,
