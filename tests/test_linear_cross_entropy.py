@@ -324,6 +324,10 @@ def test_low_memory_mode_memory_on_gpu(wdtype):
         return torch.cuda.max_memory_allocated() - base - grads
 
     allowed = N * S * 2 + N * H * 4 + (S * H * 2 if wdtype == torch.float32 else 0) + 2**20
+    # The process's first matrix product allocates cuBLAS's workspace (32 MiB on sm_90) through
+    # the caching allocator, once: a call before the measured one keeps it out of the peak (this
+    # test alone, or first in its process, measured 33.9 MiB, then 1.9 MiB on the H200).
+    extra(low_memory=True, chunk_classes=S)
     low = extra(low_memory=True, chunk_classes=S)
     assert low <= allowed, (low, allowed)
     if wdtype == torch.bfloat16:

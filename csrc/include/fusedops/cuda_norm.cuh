@@ -788,6 +788,13 @@ __global__ void __launch_bounds__(kClusterThreads, kClusterForwardBlocks<VPT>)
 // rms_norm 3.14 -> 3.36 at 2048x32768, 2.93 -> 3.26 at 512x131072, and at 256x262144 3.16
 // against the register-caching cluster kernel's 2.78; layer_norm 2.97 -> 3.18, 2.78 -> 3.03,
 // 2.50 -> 2.91.
+// Not the last round's idle slots: 2048 rows of 64 KB fill 5.2 of 6 rounds of the 396 resident
+// blocks, but splitting rows over 2x or 4x the blocks (32 / 16 KB chunks, clusters up to 16) so
+// that 10-21 rounds fill, was slower everywhere (H200, bf16, 2026-12-03, two rounds each of
+// benchmarks/cluster_kernels_ab.py --groups staged-fwd): rms_norm 3.49 -> 3.47 / 3.03 at
+// 2048x32768, 3.42 -> 3.31 / 2.59 at 512x131072, 3.33 -> 3.11 / 2.47 at 256x262144; layer_norm
+// 3.26 -> 3.13 / 2.30, 3.15 -> 2.87 / 2.04, 3.05 -> 2.61 / 1.92. The time a row spends per
+// cluster exchange and chunk, not the rounds, is what the wide forward loses.
 constexpr int kStagedChunkBytes = 64 * 1024;
 
 template <typename C, int VEC>
