@@ -8,8 +8,8 @@
 # both fits one 10-minute call. XDIST=N spreads each backend's test suite over N pytest-xdist
 # workers (the GPU machine's image has pytest-xdist): on the H200 (2026-12-03) the Triton suite
 # took 141 s at 14 workers, where one process beside the CUDA suite had done two thirds of it in
-# 480 s (the CUDA suite alone: 438 s). The sanitizer runs stay in one process. Peers that are not installed there (liger-kernel, expecttest)
-# travel as wheels in .whl/.
+# 480 s (the CUDA suite alone: 438 s). The sanitizer runs stay in one process. Peers that are
+# not installed there (liger-kernel, expecttest) travel as wheels in .whl/.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 STEPS=${STEPS:-build,test,sanitize,bench}
