@@ -4,6 +4,7 @@ eager error and never an out-of-bounds read), Hugging Face's formula, and Rotary
 against an fp64 transcription of its formulas (including LLaMA-3 scaling)."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -309,6 +310,45 @@ def test_positions_out_of_range_gpu_kernels_write_nan():
     for out, x in ((q_out, q), (k_out, k)):
         assert out[:, :, 1:, :16].isnan().all()
         assert torch.equal(out[:, :, 1:, 16:], x[:, :, 1:, 16:])
+
+
+@pytest.mark.skipif(
+    HAS_CUDA or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="runs the Triton kernel in Triton's interpreter on a machine without a GPU (on a GPU, "
+    "test_positions_out_of_range_gpu_kernels_write_nan runs it for real)",
+)
+@pytest.mark.parametrize("heads_fast", [False, True])
+@pytest.mark.parametrize("batch_positions", [False, True], ids=["positions_1xS", "positions_BxS"])
+def test_triton_kernel_records_first_bad_position(batch_positions, heads_fast):
+    """The Triton kernel over several position tiles with bad positions in more than one: the
+    record is the smallest flat (batch, seq) index among them (the programs race to lower it),
+    bad positions' rotated features are NaN and every other row is exact."""
+    from fusedops.triton import rope as kernels
+
+    B, S, Hq, Hk, D, R = 2, 6, 4, 2, 8, 4
+    q, k = torch.randn(B, Hq, S, D, dtype=torch.float64), torch.randn(B, Hk, S, D, dtype=torch.float64)
+    table = torch.randn(5, R, dtype=torch.float64)
+    if batch_positions:
+        positions = torch.tensor([[0, 1, 2, 3, 4, 0], [1, 2, -1, 3, 9, 0]])
+        bad_rows, first = [(1, 2), (1, 4)], 8
+    else:
+        positions = torch.tensor([[0, 4, 7, 1, -5, 2]])
+        bad_rows, first = [(b, s) for b in range(B) for s in (2, 4)], 2
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    bad = torch.full((), -1, dtype=torch.int64)
+    tile = kernels.Config(block_p=2, block_hh=2, num_warps=1, heads_fast=heads_fast)
+    kernels.rope(q, k, table, table, positions, False, False, q_out, k_out, bad, tile=tile)
+    assert int(bad) == first
+    good = positions.clamp(0, 4)
+    want = reference(q, k, table, table, good.expand(B, S))
+    for got, expected, x in zip((q_out, k_out), want, (q, k)):
+        for b in range(B):
+            for s in range(S):
+                if (b, s) in bad_rows:
+                    assert got[b, :, s, :R].isnan().all()
+                    assert torch.equal(got[b, :, s, R:], x[b, :, s, R:])
+                else:
+                    torch.testing.assert_close(got[b, :, s], expected[b, :, s], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.gpu

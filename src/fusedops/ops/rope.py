@@ -155,12 +155,6 @@ def check_backward(grad_q_out, grad_k_out, cos, sin, position_ids):
     check("rope_backward", "grad_q_out", "grad_k_out", grad_q_out, grad_k_out, cos, sin, position_ids)
 
 
-def bad_position_index(position_ids, rows):
-    """The op's bad_position computed with torch ops on position_ids' device (no sync): the flat
-    index of the first position outside [0, rows), or -1."""
-    return _deferred.first_index((position_ids < 0) | (position_ids >= rows))
-
-
 def check_positions_mode(op, mode):
     return _deferred.check_mode(mode, op, "check_positions")
 
@@ -185,34 +179,38 @@ def position_message(op, position_ids, rows):
 # ---- fake kernels ----------------------------------------------------------------------------
 
 
-def non_overlapping_and_dense(t):
+def non_overlapping_and_dense(t, shape=None, stride=None):
     """c10's is_non_overlapping_and_dense (rope.h's copy of it), decided exactly, guarding on
     symbolic sizes where it must (torch's Python version answers False when unsure, which would
-    give the fake kernel other strides than the real one)."""
-    if t.dim() == 1:
-        return t.shape[0] < 2 or t.stride(0) == 1
-    small = [bool(t.shape[d] < 2) for d in range(t.dim())]
-    dims = sorted(range(t.dim()), key=lambda d: (small[d], 0 if small[d] else t.stride(d)))
+    give the fake kernel other strides than the real one). `shape` and `stride`: t's, if the
+    caller has them."""
+    shape = t.shape if shape is None else shape
+    stride = t.stride() if stride is None else stride
+    if len(shape) == 1:
+        return shape[0] < 2 or stride[0] == 1
+    small = [bool(n < 2) for n in shape]
+    dims = sorted(range(len(shape)), key=lambda d: (small[d], 0 if small[d] else stride[d]))
     required = 1
     for d in dims:
         if small[d]:
             return True
-        if t.stride(d) != required:
+        if stride[d] != required:
             return False
-        required *= t.shape[d]
+        required *= shape[d]
     return True
 
 
-def _keeps_strides(t):
-    return non_overlapping_and_dense(t) and (t.shape[-1] <= 1 or t.stride(-1) == 1)
+def _keeps_strides(shape, stride, t):
+    return (shape[-1] <= 1 or stride[-1] == 1) and non_overlapping_and_dense(t, shape, stride)
 
 
 def output_like(t):
     """csrc/include/fusedops/rope.h's rule: t's strides when dense with a unit-stride last
     dimension, else contiguous."""
-    if _keeps_strides(t):
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    shape, stride = t.shape, t.stride()
+    if _keeps_strides(shape, stride, t):
+        return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
+    return torch.empty(shape, dtype=t.dtype, device=t.device)
 
 
 def _bad_position_like(q):
@@ -445,28 +443,23 @@ for _key in ("AutocastCPU", "AutocastCUDA"):
 # ---- Triton, for CUDA tensors when the CUDA kernels do not serve them (ops/__init__.py) -------
 
 
-def _triton_bad_position(q, cos, position_ids):
-    # (the Triton kernels write NaN for a bad position; the record is made with torch ops)
-    if position_ids is None:
-        return torch.full((), -1, dtype=torch.int64, device=q.device)
-    return bad_position_index(position_ids, cos.shape[0])
-
-
 def _triton_forward(q, k, cos, sin, position_ids=None, interleaved=False):
     check_forward(q, k, cos, sin, position_ids)
     from ..triton import rope as kernels
 
     q_out, k_out = output_like(q), output_like(k)
-    kernels.rope(q, k, cos, sin, position_ids, interleaved, False, q_out, k_out)
-    return q_out, k_out, _triton_bad_position(q, cos, position_ids)
+    bad = torch.full((), -1, dtype=torch.int64, device=q.device)  # (the kernel lowers it to a bad position's index)
+    kernels.rope(q, k, cos, sin, position_ids, interleaved, False, q_out, k_out, bad)
+    return q_out, k_out, bad
 
 
 def _triton_forward_inplace(q, k, cos, sin, position_ids=None, interleaved=False):
     check_forward(q, k, cos, sin, position_ids, op="rope_")
     from ..triton import rope as kernels
 
-    kernels.rope(q, k, cos, sin, position_ids, interleaved, False, q, k)
-    return _triton_bad_position(q, cos, position_ids)
+    bad = torch.full((), -1, dtype=torch.int64, device=q.device)
+    kernels.rope(q, k, cos, sin, position_ids, interleaved, False, q, k, bad)
+    return bad
 
 
 def _triton_backward(grad_q_out, grad_k_out, cos, sin, position_ids, interleaved):

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launch import cdiv, next_power_of_2
+
 _ACTS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
 _SQRT1_2 = tl.constexpr(0.7071067811865476)
 _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
@@ -119,8 +121,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 def _launch_params(n: int, dtype: torch.dtype, rows: int):
     # 16 bytes a thread for 16-bit dtypes at 4 warps (2048 x 2 bytes = 128 threads x 16 bytes x 2).
     block = 2048 if dtype.itemsize <= 2 else 1024
-    block = min(block, max(16, triton.next_power_of_2(n)))
-    col_blocks = triton.cdiv(n, block)
+    block = min(block, max(16, next_power_of_2(n)))
+    col_blocks = cdiv(n, block)
     warps = 4 if block >= 512 else 1
     return block, col_blocks, warps
 

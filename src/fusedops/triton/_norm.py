@@ -123,7 +123,6 @@ it.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import struct
 from typing import Optional
@@ -132,6 +131,10 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from ._launch import cdiv, next_power_of_2
+from ._launch import device_guard as _device_guard
+from ._launch import sm_count as _sm_count
 
 # ---------------------------------------------------------------------------
 # Tuning knobs.  All element counts are for a float32 accumulator; they are
@@ -175,9 +178,6 @@ _BWD_TILE_ELEMS = 4096
 # warps, matching the register-limited residency; more would only add a second
 # wave and a bigger partial buffer).
 _BWD_WARPS_PER_SM = 16
-# Number of "SMs" assumed when the tensors are not on a CUDA device (Triton
-# interpreter on CPU).
-_NON_CUDA_SM_COUNT = 4
 # Tile of the partial-sum reduction kernel.
 _REDUCE_BLOCK_P = 32
 _REDUCE_BLOCK_N = 64
@@ -713,27 +713,6 @@ def _sum_partials_kernel(
 # Host-side helpers
 # ---------------------------------------------------------------------------
 
-_SM_COUNT: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return _NON_CUDA_SM_COUNT
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    count = _SM_COUNT.get(index)
-    if count is None:
-        count = torch.cuda.get_device_properties(index).multi_processor_count
-        _SM_COUNT[index] = count
-    return count
-
-
-def _device_guard(device: torch.device):
-    # Triton launches on the current CUDA device; make it the tensors' device.
-    if device.type == "cuda":
-        return torch.cuda.device(device)
-    return contextlib.nullcontext()
-
-
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -902,12 +881,12 @@ def forward(
         "ACC": _tl_acc(acc),
     }
     scale = 2 if acc == torch.float64 else 1
-    block_n = triton.next_power_of_2(n)
+    block_n = next_power_of_2(n)
 
     with _device_guard(device):
         if block_n <= _FWD_FUSED_MAX_N // scale:
-            block_m = max(1, min(_TILE_ELEMS // block_n, triton.next_power_of_2(n_rows)))
-            grid = (triton.cdiv(n_rows, block_m),)
+            block_m = max(1, min(_TILE_ELEMS // block_n, next_power_of_2(n_rows)))
+            grid = (cdiv(n_rows, block_m),)
             _fwd_fused_kernel[grid](
                 x, r, w, b, output, h, mean_arg, rstd,
                 n_rows, n,
@@ -1009,16 +988,16 @@ def backward(
         "COMPUTE_DB": compute_db,
     }
     scale = 2 if acc == torch.float64 else 1
-    block_n = triton.next_power_of_2(n)
+    block_n = next_power_of_2(n)
     sms = _sm_count(device)
     n_grads = int(compute_dw) + int(compute_db)
     fused_max = (_BWD_FUSED_MAX_N_WITH_DB if compute_db else _BWD_FUSED_MAX_N) // scale
 
     with _device_guard(device):
         if block_n <= fused_max:
-            block_m = max(1, min(_BWD_TILE_ELEMS // scale // block_n, triton.next_power_of_2(n_rows)))
+            block_m = max(1, min(_BWD_TILE_ELEMS // scale // block_n, next_power_of_2(n_rows)))
             num_warps = _num_warps(block_m * block_n)
-            n_tiles = triton.cdiv(n_rows, block_m)
+            n_tiles = cdiv(n_rows, block_m)
             num_progs = min(n_tiles, sms * max(1, _BWD_WARPS_PER_SM // num_warps))
             # rstd_flat doubles as the (never written) dummy without gradients.
             partial = torch.empty((n_grads, num_progs, n), dtype=acc, device=device) if n_grads else rstd_flat
@@ -1050,11 +1029,11 @@ def backward(
                 BLOCK_N=block_n,
                 num_warps=num_warps,
             )
-            n_chunks = triton.cdiv(n, block_n)
+            n_chunks = cdiv(n, block_n)
             target = sms * max(1, _BWD_WARPS_PER_SM // num_warps)
             n_groups = min(n_rows, max(1, target // n_chunks))
-            rows_per_group = triton.cdiv(n_rows, n_groups)
-            n_groups = triton.cdiv(n_rows, rows_per_group)  # no empty groups
+            rows_per_group = cdiv(n_rows, n_groups)
+            n_groups = cdiv(n_rows, rows_per_group)  # no empty groups
             num_progs = n_groups
             partial = torch.empty((n_grads, n_groups, n), dtype=acc, device=device) if n_grads else rstd_flat
             _bwd_looped_kernel[(n_groups, n_chunks)](
@@ -1073,7 +1052,7 @@ def backward(
         if n_grads:
             out0 = grad_weight if compute_dw else grad_bias
             out1 = grad_bias if compute_dw and compute_db else out0
-            _sum_partials_kernel[(triton.cdiv(n, _REDUCE_BLOCK_N), n_grads)](
+            _sum_partials_kernel[(cdiv(n, _REDUCE_BLOCK_N), n_grads)](
                 partial, out0, out1,
                 num_progs, n,
                 TWO_OUTPUTS=n_grads == 2,

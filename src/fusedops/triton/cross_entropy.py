@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._norm import _device_guard
+from ._launch import cdiv, next_power_of_2
+from ._launch import device_guard as _device_guard
 
 __all__ = ["forward", "scale", "slice_stats", "slice_grad"]
 
@@ -326,7 +327,7 @@ def _to_f32(v: float) -> float:
 
 
 def _block(V: int) -> int:
-    return min(triton.next_power_of_2(max(V, 1)), _MAX_BLOCK)
+    return min(next_power_of_2(max(V, 1)), _MAX_BLOCK)
 
 
 def forward(logits: Tensor, target: Tensor, weight: Optional[Tensor], ignore_index: int, reduction: str,
@@ -352,10 +353,10 @@ def forward(logits: Tensor, target: Tensor, weight: Optional[Tensor], ignore_ind
             bad.fill_(-1)
             loss.fill_(float("nan") if reduction == "mean" else 0.0)
             return
-        block_t = min(triton.next_power_of_2(R), 1024)
+        block_t = min(next_power_of_2(R), 1024)
         _targets_kernel[(1,)](target, weight if weight is not None else stats, stats, bad, R, V, ignore_index,
                               HAS_WEIGHT=weight is not None, ACC=tl_acc, BLOCK=block_t,
-                              W_BLOCK=min(triton.next_power_of_2(V), 1024))
+                              W_BLOCK=min(next_power_of_2(V), 1024))
         g = grad
         if g is not None and in_place and x.data_ptr() != logits.data_ptr():
             g = x  # written into the copy the kernel reads, copied back below
@@ -371,7 +372,7 @@ def forward(logits: Tensor, target: Tensor, weight: Optional[Tensor], ignore_ind
         )
         if reduction != "none":
             _sum_kernel[(1,)](rowloss, stats, loss, R, MEAN=reduction == "mean", ACC=tl_acc,
-                              BLOCK=min(triton.next_power_of_2(R), 1024))
+                              BLOCK=min(next_power_of_2(R), 1024))
         if g is not None and g.data_ptr() != grad.data_ptr():
             grad.copy_(g)
 
@@ -394,7 +395,7 @@ def scale(grad_output: Tensor, grad: Tensor, out: Tensor, in_place: bool) -> Non
     go = grad_output.contiguous()
     block = _block(V)
     with _device_guard(grad.device):
-        _scale_kernel[(R, triton.cdiv(V, block))](
+        _scale_kernel[(R, cdiv(V, block))](
             g, target, go, rows[0], rows[1], rows[2], o_rows[0], o_rows[1], o_rows[2], V,
             PER_ROW=grad_output.dim() > 0, IN_PLACE=in_place,
             ACC=tl.float64 if acc == torch.float64 else tl.float32, BLOCK=block,
@@ -413,7 +414,7 @@ def _slice(kernel, logits: Tensor, target: Tensor, weight: Optional[Tensor], cla
     target = target.contiguous()
     weight = weight.contiguous() if weight is not None else None
     block = _block(S)
-    grid = (R, triton.cdiv(S, block)) if grid_columns else (R,)
+    grid = (R, cdiv(S, block)) if grid_columns else (R,)
     with _device_guard(logits.device):
         kernel[grid](logits, target, weight if weight is not None else state, state, logits.stride(0), S,
                      class_start, ignore_index, *_split(softcap or 1.0), HAS_WEIGHT=weight is not None,
