@@ -132,9 +132,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, next_power_of_2
-from ._launch import device_guard as _device_guard
-from ._launch import sm_count as _sm_count
+from ._launch import cdiv, device_guard, next_power_of_2, sm_count
 
 # ---------------------------------------------------------------------------
 # Tuning knobs.  All element counts are for a float32 accumulator; they are
@@ -883,7 +881,7 @@ def forward(
     scale = 2 if acc == torch.float64 else 1
     block_n = next_power_of_2(n)
 
-    with _device_guard(device):
+    with device_guard(device):
         if block_n <= _FWD_FUSED_MAX_N // scale:
             block_m = max(1, min(_TILE_ELEMS // block_n, next_power_of_2(n_rows)))
             grid = (cdiv(n_rows, block_m),)
@@ -989,11 +987,11 @@ def backward(
     }
     scale = 2 if acc == torch.float64 else 1
     block_n = next_power_of_2(n)
-    sms = _sm_count(device)
+    sms = sm_count(device)
     n_grads = int(compute_dw) + int(compute_db)
     fused_max = (_BWD_FUSED_MAX_N_WITH_DB if compute_db else _BWD_FUSED_MAX_N) // scale
 
-    with _device_guard(device):
+    with device_guard(device):
         if block_n <= fused_max:
             block_m = max(1, min(_BWD_TILE_ELEMS // scale // block_n, next_power_of_2(n_rows)))
             num_warps = _num_warps(block_m * block_n)

@@ -28,8 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, next_power_of_2
-from ._launch import device_guard as _device_guard
+from ._launch import cdiv, device_guard, next_power_of_2
 
 __all__ = ["forward", "scale", "slice_stats", "slice_grad"]
 
@@ -347,7 +346,7 @@ def forward(logits: Tensor, target: Tensor, weight: Optional[Tensor], ignore_ind
         rows = _two_level_rows(x)
     target = target.contiguous()
     weight = weight.contiguous() if weight is not None else None
-    with _device_guard(logits.device):
+    with device_guard(logits.device):
         stats = torch.empty(3, dtype=acc, device=logits.device)
         if R == 0:
             bad.fill_(-1)
@@ -394,7 +393,7 @@ def scale(grad_output: Tensor, grad: Tensor, out: Tensor, in_place: bool) -> Non
     o_rows = _two_level_rows(target)
     go = grad_output.contiguous()
     block = _block(V)
-    with _device_guard(grad.device):
+    with device_guard(grad.device):
         _scale_kernel[(R, cdiv(V, block))](
             g, target, go, rows[0], rows[1], rows[2], o_rows[0], o_rows[1], o_rows[2], V,
             PER_ROW=grad_output.dim() > 0, IN_PLACE=in_place,
@@ -415,7 +414,7 @@ def _slice(kernel, logits: Tensor, target: Tensor, weight: Optional[Tensor], cla
     weight = weight.contiguous() if weight is not None else None
     block = _block(S)
     grid = (R, cdiv(S, block)) if grid_columns else (R,)
-    with _device_guard(logits.device):
+    with device_guard(logits.device):
         kernel[grid](logits, target, weight if weight is not None else state, state, logits.stride(0), S,
                      class_start, ignore_index, *_split(softcap or 1.0), HAS_WEIGHT=weight is not None,
                      SOFTCAP=softcap is not None, SMOOTH=smoothing, ACC=acc, BLOCK=block)

@@ -34,8 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, next_power_of_2
-from ._launch import device_guard as _device_guard
+from ._launch import cdiv, device_guard, next_power_of_2
 
 __all__ = ["rope"]
 
@@ -188,7 +187,7 @@ class Config(NamedTuple):
 
 # Elements of q/k a program holds (its tile), and the most heads a tile spans. Eight positions
 # by eight heads by D = 128 features, four warps, ran at 3.62-3.93 TB/s forward and backward
-# on the H200 (benchmarks/rope_triton_tiles.py: bf16 LLaMA-3-8B shape, every layout), within 2%
+# on the H200 (benchmarks/rope_triton_tiles.py: bf16 LLaMA-3-8B shape, every layout), within 3%
 # of the best of nine other tiles in each case; wider tiles (16 or 32 positions, or eight warps)
 # lost 3-20%, and interleaved pairs at 32 positions collapsed to 1.5-2.0 TB/s.
 _TILE = 8192
@@ -259,7 +258,7 @@ def rope(
     q_tiles = cdiv(Hq, tile.block_hh)
     head_tiles = q_tiles + cdiv(Hk, tile.block_hh)
     rest = D - R
-    with _device_guard(ref.device):
+    with device_guard(ref.device):
         _rope_kernel[(cdiv(n_pos, tile.block_p) * head_tiles,)](
             qx if qx is not None else dummy, kx if kx is not None else dummy,
             qy if qy is not None else dummy, ky if ky is not None else dummy,
