@@ -3,7 +3,8 @@
 # both CUDA backends, compute-sanitizer over them, and the benchmarks. Logs and results go to
 # $OUT (default ./gpu-out). Choose steps with STEPS=build,test,sanitize,bench (default: all).
 # WHEEL=dist/fusedops-*.whl installs a wheel built elsewhere (against torch 2.14.1 headers; it
-# loads under the GPU machine's older torch by the stable ABI) in place of the build step.
+# loads under the GPU machine's older torch by the stable ABI) in place of the build step, with
+# this tree's Python package copied over the wheel's.
 # PARALLEL=1 runs the two backends' suites (and sanitizer runs) side by side, so that a step of
 # both fits one 10-minute call. XDIST=N spreads each backend's test suite over N pytest-xdist
 # workers (the GPU machine's image has pytest-xdist): on the H200 (2026-12-03) the Triton suite
@@ -23,6 +24,9 @@ fi
 if [ -n "${WHEEL:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fusedops-wheel $WHEEL >"$OUT/build.log" 2>&1 \
     || { tail -30 "$OUT/build.log"; exit 1; }
+  # The wheel's native libraries under this tree's Python: a wheel built for an earlier commit
+  # still tests Python and Triton changes made since (its csrc must be current).
+  cp -r src/fusedops/. /tmp/fusedops-wheel/fusedops/
   export PYTHONPATH=/tmp/fusedops-wheel${PYTHONPATH:+:$PYTHONPATH}
   python3 -m fusedops 2>&1 | tee "$OUT/selfcheck.log" | tail -25
 elif has build; then

@@ -351,6 +351,22 @@ def test_triton_kernel_records_first_bad_position(batch_positions, heads_fast):
                     torch.testing.assert_close(got[b, :, s], expected[b, :, s], rtol=1e-12, atol=1e-12)
 
 
+def test_triton_kernel_writes_no_bad_position_without_positions():
+    """Without position_ids the forward's record needs no preset: the kernel itself writes -1
+    over whatever the tensor held (the op hands it an uninitialised one)."""
+    from fusedops.triton import rope as kernels
+
+    B, S, Hq, Hk, D = 2, 3, 2, 1, 8
+    q, k = torch.randn(B, Hq, S, D, dtype=torch.float64), torch.randn(B, Hk, S, D, dtype=torch.float64)
+    cos, sin = torch.randn(1, S, D, dtype=torch.float64), torch.randn(1, S, D, dtype=torch.float64)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    bad = torch.full((), 12345, dtype=torch.int64)
+    kernels.rope(q, k, cos, sin, None, False, False, q_out, k_out, bad)
+    assert int(bad) == -1
+    want = reference(q, k, cos, sin)
+    torch.testing.assert_close((q_out, k_out), want, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

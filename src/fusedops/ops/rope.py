@@ -443,12 +443,24 @@ for _key in ("AutocastCPU", "AutocastCUDA"):
 # ---- Triton, for CUDA tensors when the CUDA kernels do not serve them (ops/__init__.py) -------
 
 
+def _new_output(t):
+    """output_like(t) for a real tensor, without the stride analysis when t is contiguous."""
+    return torch.empty_like(t) if t.is_contiguous() else output_like(t)
+
+
+def _new_bad_position(q, position_ids):
+    # With positions the kernel lowers a preset -1 to a bad one's index; without, it writes -1.
+    if position_ids is None:
+        return torch.empty((), dtype=torch.int64, device=q.device)
+    return torch.full((), -1, dtype=torch.int64, device=q.device)
+
+
 def _triton_forward(q, k, cos, sin, position_ids=None, interleaved=False):
     check_forward(q, k, cos, sin, position_ids)
     from ..triton import rope as kernels
 
-    q_out, k_out = output_like(q), output_like(k)
-    bad = torch.full((), -1, dtype=torch.int64, device=q.device)  # (the kernel lowers it to a bad position's index)
+    q_out, k_out = _new_output(q), _new_output(k)
+    bad = _new_bad_position(q, position_ids)
     kernels.rope(q, k, cos, sin, position_ids, interleaved, False, q_out, k_out, bad)
     return q_out, k_out, bad
 
@@ -457,7 +469,7 @@ def _triton_forward_inplace(q, k, cos, sin, position_ids=None, interleaved=False
     check_forward(q, k, cos, sin, position_ids, op="rope_")
     from ..triton import rope as kernels
 
-    bad = torch.full((), -1, dtype=torch.int64, device=q.device)
+    bad = _new_bad_position(q, position_ids)
     kernels.rope(q, k, cos, sin, position_ids, interleaved, False, q, k, bad)
     return bad
 
@@ -467,8 +479,8 @@ def _triton_backward(grad_q_out, grad_k_out, cos, sin, position_ids, interleaved
     from ..triton import rope as kernels
 
     other = grad_q_out if grad_q_out is not None else grad_k_out
-    grad_q = output_like(grad_q_out) if grad_q_out is not None else _absent_like(other, cos)
-    grad_k = output_like(grad_k_out) if grad_k_out is not None else _absent_like(other, cos)
+    grad_q = _new_output(grad_q_out) if grad_q_out is not None else _absent_like(other, cos)
+    grad_k = _new_output(grad_k_out) if grad_k_out is not None else _absent_like(other, cos)
     if other is not None:
         kernels.rope(
             grad_q_out, grad_k_out, cos, sin, position_ids, interleaved, True,

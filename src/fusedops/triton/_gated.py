@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, next_power_of_2
+from ._launch import Launcher, cdiv, next_power_of_2
 
 _ACTS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
 _SQRT1_2 = tl.constexpr(0.7071067811865476)
@@ -110,6 +110,10 @@ def _backward_kernel(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n, dy_stride, g_strid
     tl.store(du_ptr + out, (dy * a).to(du_ptr.dtype.element_ty), mask=mask)
 
 
+_launch_forward = Launcher(_forward_kernel)
+_launch_backward = Launcher(_backward_kernel)
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """t as (rows, n) with a unit-stride last dimension: a view when the layout allows."""
     n = t.shape[-1]
@@ -136,11 +140,10 @@ def _forward_2d(g: torch.Tensor, u: torch.Tensor, y: torch.Tensor, act: str) -> 
     if rows == 0 or n == 0:
         return
     block, col_blocks, warps = _launch_params(n, g.dtype, rows)
-    with torch.cuda.device(g.device) if g.is_cuda else _nullcontext():
-        _forward_kernel[(rows * col_blocks,)](
-            g, u, y, n, g.stride(0), u.stride(0), y.stride(0), col_blocks,
-            ACT=_ACTS[act], COMPUTE=_compute_dtype(g.dtype), BLOCK=block, num_warps=warps,
-        )
+    _launch_forward(
+        (rows * col_blocks,), (g, u, y), (n, g.stride(0), u.stride(0), y.stride(0), col_blocks),
+        ACT=_ACTS[act], COMPUTE=_compute_dtype(g.dtype), BLOCK=block, num_warps=warps,
+    )
 
 
 def _backward_2d(dy, g, u, dg, du, act: str) -> None:
@@ -148,19 +151,10 @@ def _backward_2d(dy, g, u, dg, du, act: str) -> None:
     if rows == 0 or n == 0:
         return
     block, col_blocks, warps = _launch_params(n, g.dtype, rows)
-    with torch.cuda.device(g.device) if g.is_cuda else _nullcontext():
-        _backward_kernel[(rows * col_blocks,)](
-            dy, g, u, dg, du, n, dy.stride(0), g.stride(0), u.stride(0), dg.stride(0), col_blocks,
-            ACT=_ACTS[act], COMPUTE=_compute_dtype(g.dtype), BLOCK=block, num_warps=warps,
-        )
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+    _launch_backward(
+        (rows * col_blocks,), (dy, g, u, dg, du), (n, dy.stride(0), g.stride(0), u.stride(0), dg.stride(0), col_blocks),
+        ACT=_ACTS[act], COMPUTE=_compute_dtype(g.dtype), BLOCK=block, num_warps=warps,
+    )
 
 
 def _flat_if_contiguous(*ts):

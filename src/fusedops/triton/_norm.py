@@ -132,7 +132,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, device_guard, next_power_of_2, sm_count
+from ._launch import Launcher, cdiv, next_power_of_2, sm_count
 
 # ---------------------------------------------------------------------------
 # Tuning knobs.  All element counts are for a float32 accumulator; they are
@@ -805,6 +805,13 @@ def param_grad(input: Tensor, param: Optional[Tensor], wanted: bool) -> Tensor:
 # Launchers
 # ---------------------------------------------------------------------------
 
+_launch_fwd_fused = Launcher(_fwd_fused_kernel)
+_launch_fwd_looped = Launcher(_fwd_looped_kernel)
+_launch_bwd_fused = Launcher(_bwd_fused_kernel)
+_launch_bwd_row_stats = Launcher(_bwd_row_stats_kernel)
+_launch_bwd_looped = Launcher(_bwd_looped_kernel)
+_launch_sum_partials = Launcher(_sum_partials_kernel)
+
 
 def forward(
     input: Tensor,
@@ -881,35 +888,28 @@ def forward(
     scale = 2 if acc == torch.float64 else 1
     block_n = next_power_of_2(n)
 
-    with device_guard(device):
-        if block_n <= _FWD_FUSED_MAX_N // scale:
-            block_m = max(1, min(_TILE_ELEMS // block_n, next_power_of_2(n_rows)))
-            grid = (cdiv(n_rows, block_m),)
-            _fwd_fused_kernel[grid](
-                x, r, w, b, output, h, mean_arg, rstd,
-                n_rows, n,
-                x_s1, x_st0, x_st1,
-                *r_layout[:3],
-                *h_layout[:3],
-                eps_hi, eps_lo, offset_hi, offset_lo,
-                **flags,
-                BLOCK_M=block_m,
-                BLOCK_N=block_n,
-                num_warps=_num_warps(block_m * block_n),
-            )
-        else:
-            block_n = _LOOP_BLOCK_N // scale
-            _fwd_looped_kernel[(n_rows,)](
-                x, r, w, b, output, h, mean_arg, rstd,
-                n,
-                x_s1, x_st0, x_st1,
-                *r_layout[:3],
-                *h_layout[:3],
-                eps_hi, eps_lo, offset_hi, offset_lo,
-                **flags,
-                BLOCK_N=block_n,
-                num_warps=_num_warps(block_n),
-            )
+    tensors = (x, r, w, b, output, h, mean_arg, rstd)
+    if block_n <= _FWD_FUSED_MAX_N // scale:
+        block_m = max(1, min(_TILE_ELEMS // block_n, next_power_of_2(n_rows)))
+        _launch_fwd_fused(
+            (cdiv(n_rows, block_m),),
+            tensors,
+            (n_rows, n, x_s1, x_st0, x_st1, *r_layout[:3], *h_layout[:3], eps_hi, eps_lo, offset_hi, offset_lo),
+            **flags,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=_num_warps(block_m * block_n),
+        )
+    else:
+        block_n = _LOOP_BLOCK_N // scale
+        _launch_fwd_looped(
+            (n_rows,),
+            tensors,
+            (n, x_s1, x_st0, x_st1, *r_layout[:3], *h_layout[:3], eps_hi, eps_lo, offset_hi, offset_lo),
+            **flags,
+            BLOCK_N=block_n,
+            num_warps=_num_warps(block_n),
+        )
     if has_residual and h is not residual_out:
         residual_out.copy_(h)
     return output, mean, rstd
@@ -991,71 +991,64 @@ def backward(
     n_grads = int(compute_dw) + int(compute_db)
     fused_max = (_BWD_FUSED_MAX_N_WITH_DB if compute_db else _BWD_FUSED_MAX_N) // scale
 
-    with device_guard(device):
-        if block_n <= fused_max:
-            block_m = max(1, min(_BWD_TILE_ELEMS // scale // block_n, next_power_of_2(n_rows)))
-            num_warps = _num_warps(block_m * block_n)
-            n_tiles = cdiv(n_rows, block_m)
-            num_progs = min(n_tiles, sms * max(1, _BWD_WARPS_PER_SM // num_warps))
-            # rstd_flat doubles as the (never written) dummy without gradients.
-            partial = torch.empty((n_grads, num_progs, n), dtype=acc, device=device) if n_grads else rstd_flat
-            _bwd_fused_kernel[(num_progs,)](
-                dy, x, w, mean_flat, rstd_flat, gres, grad_input, dres, partial,
-                n_rows, n,
-                x_s1, x_st0, x_st1,
-                dy_s1, dy_st0, dy_st1,
-                *gres_layout[:3],
-                offset_hi, offset_lo,
-                **flags,
-                **step_flags,
-                BLOCK_M=block_m,
-                BLOCK_N=block_n,
-                num_warps=num_warps,
-            )
-        else:
-            block_n = _LOOP_BLOCK_N // scale
-            num_warps = _num_warps(block_n)
-            c1 = torch.empty((n_rows,), dtype=acc, device=device)
-            c0 = torch.empty((n_rows,), dtype=acc, device=device) if centered else c1
-            _bwd_row_stats_kernel[(n_rows,)](
-                dy, x, w, mean_flat, rstd_flat, c1, c0,
-                n,
-                x_s1, x_st0, x_st1,
-                dy_s1, dy_st0, dy_st1,
-                offset_hi, offset_lo,
-                **flags,
-                BLOCK_N=block_n,
-                num_warps=num_warps,
-            )
-            n_chunks = cdiv(n, block_n)
-            target = sms * max(1, _BWD_WARPS_PER_SM // num_warps)
-            n_groups = min(n_rows, max(1, target // n_chunks))
-            rows_per_group = cdiv(n_rows, n_groups)
-            n_groups = cdiv(n_rows, rows_per_group)  # no empty groups
-            num_progs = n_groups
-            partial = torch.empty((n_grads, n_groups, n), dtype=acc, device=device) if n_grads else rstd_flat
-            _bwd_looped_kernel[(n_groups, n_chunks)](
-                dy, x, w, mean_flat, rstd_flat, c1, c0, gres, grad_input, dres, partial,
-                n_rows, n, rows_per_group,
-                x_s1, x_st0, x_st1,
-                dy_s1, dy_st0, dy_st1,
-                *gres_layout[:3],
-                offset_hi, offset_lo,
-                **flags,
-                **step_flags,
-                BLOCK_N=block_n,
-                num_warps=num_warps,
-            )
+    strides = (x_s1, x_st0, x_st1, dy_s1, dy_st0, dy_st1)
+    if block_n <= fused_max:
+        block_m = max(1, min(_BWD_TILE_ELEMS // scale // block_n, next_power_of_2(n_rows)))
+        num_warps = _num_warps(block_m * block_n)
+        n_tiles = cdiv(n_rows, block_m)
+        num_progs = min(n_tiles, sms * max(1, _BWD_WARPS_PER_SM // num_warps))
+        # rstd_flat doubles as the (never written) dummy without gradients.
+        partial = torch.empty((n_grads, num_progs, n), dtype=acc, device=device) if n_grads else rstd_flat
+        _launch_bwd_fused(
+            (num_progs,),
+            (dy, x, w, mean_flat, rstd_flat, gres, grad_input, dres, partial),
+            (n_rows, n, *strides, *gres_layout[:3], offset_hi, offset_lo),
+            **flags,
+            **step_flags,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=num_warps,
+        )
+    else:
+        block_n = _LOOP_BLOCK_N // scale
+        num_warps = _num_warps(block_n)
+        c1 = torch.empty((n_rows,), dtype=acc, device=device)
+        c0 = torch.empty((n_rows,), dtype=acc, device=device) if centered else c1
+        _launch_bwd_row_stats(
+            (n_rows,),
+            (dy, x, w, mean_flat, rstd_flat, c1, c0),
+            (n, *strides, offset_hi, offset_lo),
+            **flags,
+            BLOCK_N=block_n,
+            num_warps=num_warps,
+        )
+        n_chunks = cdiv(n, block_n)
+        target = sms * max(1, _BWD_WARPS_PER_SM // num_warps)
+        n_groups = min(n_rows, max(1, target // n_chunks))
+        rows_per_group = cdiv(n_rows, n_groups)
+        n_groups = cdiv(n_rows, rows_per_group)  # no empty groups
+        num_progs = n_groups
+        partial = torch.empty((n_grads, n_groups, n), dtype=acc, device=device) if n_grads else rstd_flat
+        _launch_bwd_looped(
+            (n_groups, n_chunks),
+            (dy, x, w, mean_flat, rstd_flat, c1, c0, gres, grad_input, dres, partial),
+            (n_rows, n, rows_per_group, *strides, *gres_layout[:3], offset_hi, offset_lo),
+            **flags,
+            **step_flags,
+            BLOCK_N=block_n,
+            num_warps=num_warps,
+        )
 
-        if n_grads:
-            out0 = grad_weight if compute_dw else grad_bias
-            out1 = grad_bias if compute_dw and compute_db else out0
-            _sum_partials_kernel[(cdiv(n, _REDUCE_BLOCK_N), n_grads)](
-                partial, out0, out1,
-                num_progs, n,
-                TWO_OUTPUTS=n_grads == 2,
-                BLOCK_P=_REDUCE_BLOCK_P,
-                BLOCK_N=_REDUCE_BLOCK_N,
-                num_warps=4,
-            )
+    if n_grads:
+        out0 = grad_weight if compute_dw else grad_bias
+        out1 = grad_bias if compute_dw and compute_db else out0
+        _launch_sum_partials(
+            (cdiv(n, _REDUCE_BLOCK_N), n_grads),
+            (partial, out0, out1),
+            (num_progs, n),
+            TWO_OUTPUTS=n_grads == 2,
+            BLOCK_P=_REDUCE_BLOCK_P,
+            BLOCK_N=_REDUCE_BLOCK_N,
+            num_warps=4,
+        )
     return grad_input

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, device_guard, next_power_of_2
+from ._launch import Launcher, cdiv, next_power_of_2
 
 __all__ = ["forward", "scale", "slice_stats", "slice_grad"]
 
@@ -294,6 +294,14 @@ def _slice_grad_kernel(x_ptr, target_ptr, weight_ptr, coefs_ptr, xs, S, class_st
         tl.store(x_row + c, d.to(x_ptr.dtype.element_ty), mask=mask)
 
 
+_launch_targets = Launcher(_targets_kernel)
+_launch_row = Launcher(_row_kernel)
+_launch_sum = Launcher(_sum_kernel)
+_launch_scale = Launcher(_scale_kernel)
+_launch_slice_stats = Launcher(_slice_stats_kernel)
+_launch_slice_grad = Launcher(_slice_grad_kernel)
+
+
 def _two_level_rows(t: Tensor):
     """(T1, stride0, stride1) addressing t's rows as row = b * T1 + tt, or None when its leading
     dimensions do not collapse into two (fusedops/rows.h's rule: size-1 dims dropped,
@@ -346,34 +354,34 @@ def forward(logits: Tensor, target: Tensor, weight: Optional[Tensor], ignore_ind
         rows = _two_level_rows(x)
     target = target.contiguous()
     weight = weight.contiguous() if weight is not None else None
-    with device_guard(logits.device):
-        stats = torch.empty(3, dtype=acc, device=logits.device)
-        if R == 0:
-            bad.fill_(-1)
-            loss.fill_(float("nan") if reduction == "mean" else 0.0)
-            return
-        block_t = min(next_power_of_2(R), 1024)
-        _targets_kernel[(1,)](target, weight if weight is not None else stats, stats, bad, R, V, ignore_index,
-                              HAS_WEIGHT=weight is not None, ACC=tl_acc, BLOCK=block_t,
-                              W_BLOCK=min(next_power_of_2(V), 1024))
-        g = grad
-        if g is not None and in_place and x.data_ptr() != logits.data_ptr():
-            g = x  # written into the copy the kernel reads, copied back below
-        g_rows = _two_level_rows(g) if g is not None else (1, 0, 0)
-        rowloss = loss if reduction == "none" else torch.empty(R, dtype=acc, device=logits.device)
-        _row_kernel[(R,)](
-            x, target, weight if weight is not None else stats, stats, lse, rowloss,
-            g if g is not None else stats,
+    stats = torch.empty(3, dtype=acc, device=logits.device)
+    if R == 0:
+        bad.fill_(-1)
+        loss.fill_(float("nan") if reduction == "mean" else 0.0)
+        return
+    block_t = min(next_power_of_2(R), 1024)
+    _launch_targets((1,), (target, weight if weight is not None else stats, stats, bad), (R, V, ignore_index),
+                    HAS_WEIGHT=weight is not None, ACC=tl_acc, BLOCK=block_t, W_BLOCK=min(next_power_of_2(V), 1024))
+    g = grad
+    if g is not None and in_place and x.data_ptr() != logits.data_ptr():
+        g = x  # written into the copy the kernel reads, copied back below
+    g_rows = _two_level_rows(g) if g is not None else (1, 0, 0)
+    rowloss = loss if reduction == "none" else torch.empty(R, dtype=acc, device=logits.device)
+    _launch_row(
+        (R,),
+        (x, target, weight if weight is not None else stats, stats, lse, rowloss, g if g is not None else stats),
+        (
             rows[0], rows[1], rows[2], g_rows[0], g_rows[1], g_rows[2], V, ignore_index,
             *_split(label_smoothing), *_split(z_loss), *_split(softcap or 1.0),
-            MEAN=reduction == "mean", HAS_WEIGHT=weight is not None, SOFTCAP=softcap is not None,
-            GRAD=g is not None, ACC=tl_acc, BLOCK=_block(V), num_warps=8 if V >= 4096 else 4,
-        )
-        if reduction != "none":
-            _sum_kernel[(1,)](rowloss, stats, loss, R, MEAN=reduction == "mean", ACC=tl_acc,
-                              BLOCK=min(next_power_of_2(R), 1024))
-        if g is not None and g.data_ptr() != grad.data_ptr():
-            grad.copy_(g)
+        ),
+        MEAN=reduction == "mean", HAS_WEIGHT=weight is not None, SOFTCAP=softcap is not None,
+        GRAD=g is not None, ACC=tl_acc, BLOCK=_block(V), num_warps=8 if V >= 4096 else 4,
+    )
+    if reduction != "none":
+        _launch_sum((1,), (rowloss, stats, loss), (R,), MEAN=reduction == "mean", ACC=tl_acc,
+                    BLOCK=min(next_power_of_2(R), 1024))
+    if g is not None and g.data_ptr() != grad.data_ptr():
+        grad.copy_(g)
 
 
 def scale(grad_output: Tensor, grad: Tensor, out: Tensor, in_place: bool) -> None:
@@ -393,17 +401,16 @@ def scale(grad_output: Tensor, grad: Tensor, out: Tensor, in_place: bool) -> Non
     o_rows = _two_level_rows(target)
     go = grad_output.contiguous()
     block = _block(V)
-    with device_guard(grad.device):
-        _scale_kernel[(R, cdiv(V, block))](
-            g, target, go, rows[0], rows[1], rows[2], o_rows[0], o_rows[1], o_rows[2], V,
-            PER_ROW=grad_output.dim() > 0, IN_PLACE=in_place,
-            ACC=tl.float64 if acc == torch.float64 else tl.float32, BLOCK=block,
-        )
+    _launch_scale(
+        (R, cdiv(V, block)), (g, target, go), (rows[0], rows[1], rows[2], o_rows[0], o_rows[1], o_rows[2], V),
+        PER_ROW=grad_output.dim() > 0, IN_PLACE=in_place,
+        ACC=tl.float64 if acc == torch.float64 else tl.float32, BLOCK=block,
+    )
     if target is not out:
         out.copy_(target)
 
 
-def _slice(kernel, logits: Tensor, target: Tensor, weight: Optional[Tensor], class_start: int,
+def _slice(launch, logits: Tensor, target: Tensor, weight: Optional[Tensor], class_start: int,
            ignore_index: int, softcap: Optional[float], smoothing: bool, state: Tensor,
            grid_columns: bool) -> None:
     R, S = logits.shape
@@ -414,22 +421,21 @@ def _slice(kernel, logits: Tensor, target: Tensor, weight: Optional[Tensor], cla
     weight = weight.contiguous() if weight is not None else None
     block = _block(S)
     grid = (R, cdiv(S, block)) if grid_columns else (R,)
-    with device_guard(logits.device):
-        kernel[grid](logits, target, weight if weight is not None else state, state, logits.stride(0), S,
-                     class_start, ignore_index, *_split(softcap or 1.0), HAS_WEIGHT=weight is not None,
-                     SOFTCAP=softcap is not None, SMOOTH=smoothing, ACC=acc, BLOCK=block)
+    launch(grid, (logits, target, weight if weight is not None else state, state),
+           (logits.stride(0), S, class_start, ignore_index, *_split(softcap or 1.0)), HAS_WEIGHT=weight is not None,
+           SOFTCAP=softcap is not None, SMOOTH=smoothing, ACC=acc, BLOCK=block)
 
 
 def slice_stats(logits: Tensor, target: Tensor, weight: Optional[Tensor], class_start: int, ignore_index: int,
                 softcap: Optional[float], smoothing: bool, stats: Tensor) -> None:
     """Merges the slice of classes [class_start, class_start + S) held by logits (R, S) into each
     row's running statistics (R, 4), as csrc/include/fusedops/cross_entropy.h states."""
-    _slice(_slice_stats_kernel, logits, target, weight, class_start, ignore_index, softcap, smoothing, stats,
+    _slice(_launch_slice_stats, logits, target, weight, class_start, ignore_index, softcap, smoothing, stats,
            False)
 
 
 def slice_grad(logits: Tensor, target: Tensor, weight: Optional[Tensor], class_start: int, ignore_index: int,
                softcap: Optional[float], smoothing: bool, coefs: Tensor) -> None:
     """Overwrites the slice logits (R, S) with its gradient from each row's (lse, cp, ct, cw)."""
-    _slice(_slice_grad_kernel, logits, target, weight, class_start, ignore_index, softcap, smoothing, coefs,
+    _slice(_launch_slice_grad, logits, target, weight, class_start, ignore_index, softcap, smoothing, coefs,
            True)

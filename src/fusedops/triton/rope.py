@@ -22,7 +22,8 @@ positions fastest for a (B, H, S, D) tensor, head tiles fastest for (B, S, H, D)
 strides. With position_ids, a position outside [0, P) never reads out of bounds: its rotated
 features come out NaN, and the forward records the first such position's flat (batch, seq)
 index in bad_position (preset to -1, lowered with an unsigned atomic min, as the CUDA kernel
-does), which the public function raises for.
+does), which the public function raises for; without position_ids the first program writes
+the record's -1.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, device_guard, next_power_of_2
+from ._launch import Launcher, cdiv, next_power_of_2
 
 __all__ = ["rope"]
 
@@ -106,6 +107,9 @@ def _rope_kernel(
     mask_p = p < n_pos
     b = p // S
     s = p % S
+    if RECORD_BAD and not HAS_POS:  # (no position can be bad: the record is -1)
+        if pid == 0:
+            tl.store(bad_ptr, -1)
     if HAS_POS:
         row = tl.load(pos_ptr + b * pos_b + s * pos_s, mask=mask_p, other=0).to(tl.int64)
         valid = (row >= 0) & (row < P)
@@ -163,6 +167,9 @@ def _rope_kernel(
             b, s, mask_p, c_a, c_b, s_a, s_b, HALF, REST,
             INTERLEAVED, COPY_REST, BLOCK_P, BLOCK_HH, BLOCK_H, BLOCK_REST, ACC,
         )
+
+
+_launch_rope = Launcher(_rope_kernel)
 
 
 def _strides(t: Optional[Tensor]):
@@ -224,8 +231,9 @@ def rope(
 ) -> None:
     """Writes the rotation (or with ``backward`` its transpose) of q and k into q_out and k_out
     (new tensors of their shapes, any strides with a unit last stride, or q and k themselves).
-    q or k may be None (no heads). With position_ids, ``bad_position`` (a 0-d int64 tensor
-    holding -1) receives the flat index of the first position outside the tables. ``tile``
+    q or k may be None (no heads). ``bad_position``, a 0-d int64 tensor, receives the flat
+    index of the first position outside the tables, or -1; with position_ids it must hold -1
+    already (the kernel only lowers it), without them it may hold anything. ``tile``
     overrides the launch configuration (benchmarks). The arguments have been checked
     (ops/rope.py)."""
     ref = q if q is not None else k
@@ -233,6 +241,8 @@ def rope(
     Hq = q.shape[1] if q is not None else 0
     Hk = k.shape[1] if k is not None else 0
     if B * S * (Hq + Hk) * D == 0:
+        if bad_position is not None:
+            bad_position.fill_(-1)
         return
     R = cos.shape[-1]
     in_place = q_out is q and k_out is k
@@ -258,23 +268,27 @@ def rope(
     q_tiles = cdiv(Hq, tile.block_hh)
     head_tiles = q_tiles + cdiv(Hk, tile.block_hh)
     rest = D - R
-    with device_guard(ref.device):
-        _rope_kernel[(cdiv(n_pos, tile.block_p) * head_tiles,)](
+    _launch_rope(
+        (cdiv(n_pos, tile.block_p) * head_tiles,),
+        (
             qx if qx is not None else dummy, kx if kx is not None else dummy,
             qy if qy is not None else dummy, ky if ky is not None else dummy,
             cos, sin, pos, bad_position if bad_position is not None else pos,
+        ),
+        (
             n_pos, S, Hq, Hk, P, q_tiles, head_tiles,
             *_strides(qx), *_strides(kx), *_strides(qy), *_strides(ky),
             cos_b, cos_s, sin_b, sin_s, pos_b, pos_s,
             R // 2, rest,
-            INTERLEAVED=bool(interleaved), BACKWARD=bool(backward),
-            HAS_POS=position_ids is not None, RECORD_BAD=position_ids is not None and bad_position is not None,
-            COPY_REST=not in_place and rest > 0, HEADS_FAST=tile.heads_fast,
-            BLOCK_P=tile.block_p, BLOCK_HH=tile.block_hh, BLOCK_H=next_power_of_2(max(R // 2, 1)),
-            BLOCK_REST=min(next_power_of_2(max(rest, 1)), 128),
-            ACC=tl.float64 if ref.dtype == torch.float64 else tl.float32,
-            num_warps=tile.num_warps,
-        )
+        ),
+        INTERLEAVED=bool(interleaved), BACKWARD=bool(backward),
+        HAS_POS=position_ids is not None, RECORD_BAD=bad_position is not None,
+        COPY_REST=not in_place and rest > 0, HEADS_FAST=tile.heads_fast,
+        BLOCK_P=tile.block_p, BLOCK_HH=tile.block_hh, BLOCK_H=next_power_of_2(max(R // 2, 1)),
+        BLOCK_REST=min(next_power_of_2(max(rest, 1)), 128),
+        ACC=tl.float64 if ref.dtype == torch.float64 else tl.float32,
+        num_warps=tile.num_warps,
+    )
     for given, used in ((q, qx), (k, kx)):
         if in_place and given is not None and used is not given:
             given.copy_(used)
