@@ -28,6 +28,7 @@ the record's -1.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional
 
 import torch
@@ -207,13 +208,16 @@ def config(ref: Tensor, Hq: int, Hk: int, R: int) -> Config:
     whatever the strides, where consecutive programs then share their positions' cos/sin rows
     in L2 (H200, bhsd forward 3.63 -> 3.80 TB/s, interleaved 3.63 -> 3.83); partial rotary in
     (B, H, S, D) keeps positions fastest (3.72 against 3.60)."""
-    B, S, D = ref.shape[0], ref.shape[2], ref.shape[3]
+    shape, stride = ref.shape, ref.stride()
+    return _config(shape[0] * shape[2], shape[3], Hq, Hk, R, stride[1] < stride[2])
+
+
+@functools.lru_cache(maxsize=256)  # (a model's calls repeat a few shapes: arithmetic once)
+def _config(n_pos: int, D: int, Hq: int, Hk: int, R: int, heads_inner: bool) -> Config:
     block_hh = min(next_power_of_2(max(Hq, Hk, 1)), _HEADS)
     width = 2 * next_power_of_2(max(R // 2, 1)) + (D - R)
-    block_p = max(1, min(next_power_of_2(max(_TILE // (block_hh * width), 1)), next_power_of_2(B * S)))
-    stride = ref.stride()
-    heads_fast = R == D or stride[1] < stride[2]
-    return Config(block_p, block_hh, 4, heads_fast)
+    block_p = max(1, min(next_power_of_2(max(_TILE // (block_hh * width), 1)), next_power_of_2(n_pos)))
+    return Config(block_p, block_hh, 4, R == D or heads_inner)
 
 
 def rope(
