@@ -492,11 +492,15 @@ def linear_cross_entropy(
     )
     if needs_grad:
         _linear_cross_entropy._refuse_class_weight_grad(class_weight)
-    loss, _gh, _gw, _gb, bad = _linear_cross_entropy_op(
+    args = (
         hidden, weight, target, bias, class_weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
         None if softcap is None else float(softcap), chunk_rows, bool(low_memory), chunk_classes,
         needs_grad and reduction != "none",
     )
+    if direct_call_allowed():
+        loss, bad = _linear_cross_entropy.direct(needs_grad, *args)
+    else:
+        loss, _gh, _gw, _gb, bad = _linear_cross_entropy_op(*args)
     if gpu_check is not None:
         gpu_check.finish(bad, _cross_entropy.target_message("linear_cross_entropy", target, weight.shape[0], ignore_index))
     if loss.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):

@@ -486,9 +486,19 @@ def compute_low_memory(kernels, hidden, weight, target, bias=None, class_weight=
 
 def _check_targets_cpu(op, target, V, ignore_index):
     if target.device.type == "cpu":  # free to read here: name the bad value as cross_entropy does
-        bad = _ce.first_bad_target(target, V, ignore_index)
-        if bad >= 0:
-            raise ValueError(_ce.bad_target_message(op, target, bad, V, ignore_index))
+        bad = ((target < 0) | (target >= V)) & (target != ignore_index)
+        if bad.any():
+            index = int(_deferred.first_index(bad))
+            raise ValueError(_ce.bad_target_message(op, target, index, V, ignore_index))
+
+
+def _bad_target_record(op, target, V, ignore_index):
+    """The forward's bad_target output. On the CPU a bad target raises here and the record is
+    -1; on a GPU it is the first bad target's flat index, or -1, computed there (no sync)."""
+    if target.device.type != "cpu":
+        return _ce.bad_target_index(target, V, ignore_index)
+    _check_targets_cpu(op, target, V, ignore_index)
+    return torch.full((), -1, dtype=torch.int64)
 
 
 def _run(kernels, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
@@ -508,10 +518,8 @@ def _make_forward(kernels):
                chunk_classes=None, compute_grad=False):
         check(OP, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss,
               softcap, chunk_rows, low_memory, chunk_classes)
-        V = weight.shape[0]
-        _check_targets_cpu(OP, target, V, ignore_index)
         with _direct.BelowAutograd(), torch.no_grad():
-            bad = _ce.bad_target_index(target, V, ignore_index)
+            bad = _bad_target_record(OP, target, weight.shape[0], ignore_index)
             loss, gh, gw, gb = _run(kernels, hidden, weight, target, bias, class_weight, ignore_index,
                                     reduction, label_smoothing, z_loss, softcap, chunk_rows, low_memory,
                                     chunk_classes, want_loss=True, want_grad=compute_grad)
@@ -590,8 +598,12 @@ def _refuse_class_weight_grad(class_weight):
 
 
 def _setup_context(ctx, inputs, output):
+    _save(ctx, _all_inputs(inputs), output)
+
+
+def _save(ctx, inputs, output):
     (hidden, weight, target, bias, class_weight, ignore_index, reduction, ls, z, cap, chunk_rows, low_memory,
-     chunk_classes, compute_grad) = _all_inputs(inputs)
+     chunk_classes, compute_grad) = inputs
     _loss, gh, gw, gb, bad = output
     ctx.recompute = reduction == "none" or not compute_grad
     ctx.options = (ignore_index, reduction, ls, z, cap, chunk_rows, low_memory, chunk_classes)
@@ -654,6 +666,43 @@ def _backward(ctx, grad_loss, *_unused):
 
 torch.library.register_autograd("fusedops::linear_cross_entropy", _backward, setup_context=_setup_context)
 _direct.register_no_double_backward("fusedops::linear_cross_entropy_backward", "fusedops.linear_cross_entropy")
+
+# The op's pybind entry point: what OpOverload.__call__ forwards to, one Python frame less.
+_forward_entry = forward._op
+
+
+class _Function(torch.autograd.Function):
+    """The public function's autograd path: the registered autograd (_save, _backward) without
+    the detour through the dispatcher (ops/_direct.py), whose Python autograd kernel re-reads the
+    op's 14-argument schema on every call (about 120 us on a 2-core CPU)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        with _direct.BelowAutograd():
+            output = _forward_entry(*inputs)
+        _save(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_unused):
+        return _backward(ctx, grad_loss)
+
+
+_apply_function = _direct.bind_apply(_Function)
+_unwrap = _direct.unwrap_if_dead
+
+
+def direct(needs_grad, hidden, weight, target, bias, *options):
+    """(loss, bad_target) of ``forward(hidden, weight, target, bias, *options)`` with autograd,
+    where ``_direct.direct_call_allowed()``; ``needs_grad``: whether a gradient is recorded."""
+    if needs_grad:
+        loss, _gh, _gw, _gb, bad = _apply_function(
+            _unwrap(hidden), _unwrap(weight), target, None if bias is None else _unwrap(bias), *options
+        )
+    else:
+        with _direct.BelowAutograd():
+            loss, _gh, _gw, _gb, bad = _forward_entry(hidden, weight, target, bias, *options)
+    return loss, bad
 
 
 # ---- autocast ------------------------------------------------------------------------------
