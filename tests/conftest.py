@@ -3,7 +3,10 @@
 Without a GPU the Triton kernels run in Triton's interpreter, which must be switched on before
 triton is first imported. GPU tests carry the `gpu` marker and skip, saying why, without one."""
 
+import contextlib
+import fcntl
 import os
+import tempfile
 
 import pytest
 import torch
@@ -23,3 +26,19 @@ def device_params():
         "cpu",
         pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)]),
     ]
+
+
+@contextlib.contextmanager
+def gpu_memory_to_itself():
+    """Held by a test that needs a large share of the GPU's memory (tensors of more than 2^31
+    elements): one such test at a time across pytest-xdist workers, and across the two
+    backends' suites run side by side (benchmarks/gpu_session.sh PARALLEL=1), whose workers
+    share one GPU. The test's memory is handed back to the driver before the next one starts."""
+    path = os.path.join(tempfile.gettempdir(), "fusedops-tests-gpu-memory.lock")
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            torch.cuda.empty_cache()
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -8,7 +8,7 @@ import torch
 
 import fusedops
 from fusedops.testing import OP_TESTS, OP_TESTS_BY_NAME, Sample, check_against_reference, grads_for, outputs_of
-from conftest import HAS_CUDA, NO_GPU_REASON
+from conftest import HAS_CUDA, NO_GPU_REASON, gpu_memory_to_itself
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)]
 OPS = [pytest.param(info, id=info.name) for info in OP_TESTS]
@@ -94,6 +94,11 @@ def test_more_than_2_31_elements(info):
     if info.large_input_check is not None:
         info.large_input_check("cuda")
         return
+    with gpu_memory_to_itself():
+        _check_more_than_2_31_elements(info)
+
+
+def _check_more_than_2_31_elements(info):
     n = 4096
     rows = (2**31) // n + 8
     try:
