@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine does everything that needs the GPU: build, the GPU test suites for
 # both CUDA backends, compute-sanitizer over them, and the benchmarks. Logs and results go to
-# $OUT (default ./gpu-out). Choose steps with STEPS=build,test,sanitize,bench (default: all).
+# $OUT (default ./gpu-out). Choose steps with STEPS=build,test,sanitize,bench,overhead (default:
+# all but overhead, which times small calls layer by layer: benchmarks/overhead.py).
 # WHEEL=dist/fusedops-*.whl installs a wheel built elsewhere (against torch 2.14.1 headers; it
 # loads under the GPU machine's older torch by the stable ABI) in place of the build step, with
 # this tree's Python package copied over the wheel's.
@@ -61,6 +62,15 @@ if [ "${PARALLEL:-0}" = 1 ]; then
   wait $triton_pid || status=1
 else
   for backend in cuda triton; do suites $backend || status=1; done
+fi
+if has overhead; then
+  for backend in cuda triton; do
+    for op in rms_norm rope; do
+      FUSEDOPS_BACKEND=$backend timeout 300 python3 benchmarks/overhead.py --op $op --calls 3000 --launch \
+        >"$OUT/overhead-$op-$backend.log" 2>&1 || status=1
+    done
+  done
+  tail -n 4 "$OUT"/overhead-*.log
 fi
 if has bench; then
   # Peers, then one child process per fusedops backend, merged into one table.

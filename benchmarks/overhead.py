@@ -12,6 +12,10 @@ formula in eager torch ops. Steady-state loops, min and median of five.
 --profile N adds a cProfile of the public call (rms_norm: forward without and with autograd,
 then forward+backward; rope: the forward) and prints its N costliest functions by own time:
 where a backend's Python launch path spends its time (FUSEDOPS_BACKEND=triton, say).
+
+--launch (CUDA) times the op's Triton launcher function and, for each Triton kernel it launches,
+Triton's own entry (kernel[grid]) against fusedops' Launcher (src/fusedops/triton/_launch.py),
+whatever FUSEDOPS_BACKEND says, and checks that both write the same bytes.
 """
 
 import argparse
@@ -50,6 +54,8 @@ def main():
     parser.add_argument("--op", choices=("rms_norm", "rope"), default="rms_norm")
     parser.add_argument("--shape", default=None, help="rms_norm: ROWSxN (16x4096); rope: BxHqxHkxSxD (1x32x8x1x128)")
     parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--launch", action="store_true",
+                        help="time each Triton kernel's launch through kernel[grid] and through fusedops' Launcher")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also cProfile the public call and print its N costliest functions")
     args = parser.parse_args()
@@ -81,6 +87,10 @@ def main():
         show("torch.empty_like(x), torch.empty(rows)", lambda: (torch.empty_like(x), torch.empty(shape[0], device=args.device)))
         show("x.mul(w)", lambda: x.mul(w))
     backward(args, show, x, w, eps)
+    if args.launch:
+        from fusedops.triton import rms_norm as triton_rms_norm
+
+        launches(show, "triton.rms_norm.rms_norm_forward", lambda: triton_rms_norm.rms_norm_forward(x, w, eps, 0.0, False))
     if args.profile:
         xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
         grad = torch.randn_like(x)
@@ -89,6 +99,43 @@ def main():
         profile(args, "fusedops.rms_norm, inputs requiring grad", lambda: fusedops.rms_norm(xg, wg, eps))
         profile(args, "fusedops.rms_norm forward + torch.autograd.grad",
                 lambda: torch.autograd.grad(fusedops.rms_norm(xg, wg, eps), (xg, wg), grad))
+
+
+def launches(show, name, call):
+    """`call` (a Triton launcher function of fusedops), then each Triton kernel it launches: through
+    Triton's kernel[grid] and through fusedops' Launcher, with the same arguments, whose outputs
+    must be the same bytes."""
+    from fusedops.triton import _launch
+
+    print(f"Triton launches of {name} (its kernels' outputs written twice and compared)")
+    show(name, call)
+    calls = []
+    real = _launch.Launcher.__call__
+
+    def spy(self, grid, tensors, scalars, **keywords):
+        calls.append((self, grid, tensors, scalars, keywords))
+        return real(self, grid, tensors, scalars, **keywords)
+
+    _launch.Launcher.__call__ = spy
+    try:
+        call()
+    finally:
+        _launch.Launcher.__call__ = real
+    for launcher, grid, tensors, scalars, keywords in calls:
+        kernel = launcher.kernel.fn.__name__
+        show(f"  {kernel}: kernel[grid](...)", lambda: launcher.kernel[grid](*tensors, *scalars, **keywords))
+        show(f"  {kernel}: Launcher(grid, tensors, scalars, ...)", lambda: launcher(grid, tensors, scalars, **keywords))
+        before = [t.clone() for t in tensors]
+        launcher.kernel[grid](*tensors, *scalars, **keywords)
+        by_triton = [t.clone() for t in tensors]
+        for t, b in zip(tensors, before):
+            t.copy_(b)
+        launcher(grid, tensors, scalars, **keywords)
+        def as_bytes(t):
+            return t.contiguous().view(-1).view(torch.uint8)
+
+        same = all(torch.equal(as_bytes(a), as_bytes(b)) for a, b in zip(tensors, by_triton))
+        print(f"  {kernel}: same bytes written both ways: {same}")
 
 
 def profile(args, name, fn):
@@ -188,6 +235,12 @@ def rope(args):
     print("below autograd")
     with _direct.BelowAutograd():
         show("the op alone", lambda: rope_op.forward(q, k, cos, sin))
+    if args.launch:
+        from fusedops.triton import rope as triton_rope
+
+        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+        bad = torch.empty((), dtype=torch.int64, device=q.device)
+        launches(show, "triton.rope.rope", lambda: triton_rope.rope(q, k, cos, sin, None, False, False, q_out, k_out, bad))
     if args.profile:
         with torch.no_grad():
             profile(args, "fusedops.rope, no autograd", lambda: fusedops.rope(q, k, cos, sin))
