@@ -181,11 +181,6 @@ def bad_target_index(target, V, ignore_index):
     return _deferred.first_index(((target < 0) | (target >= V)) & (target != ignore_index))
 
 
-def first_bad_target(target, V, ignore_index):
-    """bad_target_index as a Python int (reads it: a sync on a GPU)."""
-    return int(bad_target_index(target, V, ignore_index))
-
-
 def check_target_mode(check_target, op="cross_entropy"):
     return _deferred.check_mode(check_target, op, "check_target")
 
