@@ -175,10 +175,15 @@ def bad_target_message(op, target, index, V, ignore_index):
     )
 
 
+def bad_target_mask(target, V, ignore_index):
+    """Where target is outside [0, V) and not ignore_index (a bool tensor of target's shape)."""
+    return ((target < 0) | (target >= V)) & (target != ignore_index)
+
+
 def bad_target_index(target, V, ignore_index):
     """Flat index of the first target outside [0, V) that is not ignore_index, or -1, as a 0-d
     int64 tensor on target's device (computed there: no sync)."""
-    return _deferred.first_index(((target < 0) | (target >= V)) & (target != ignore_index))
+    return _deferred.first_index(bad_target_mask(target, V, ignore_index))
 
 
 def check_target_mode(check_target, op="cross_entropy"):

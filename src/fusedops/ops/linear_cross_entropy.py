@@ -486,7 +486,7 @@ def compute_low_memory(kernels, hidden, weight, target, bias=None, class_weight=
 
 def _check_targets_cpu(op, target, V, ignore_index):
     if target.device.type == "cpu":  # free to read here: name the bad value as cross_entropy does
-        bad = ((target < 0) | (target >= V)) & (target != ignore_index)
+        bad = _ce.bad_target_mask(target, V, ignore_index)
         if bad.any():
             index = int(_deferred.first_index(bad))
             raise ValueError(_ce.bad_target_message(op, target, index, V, ignore_index))
