@@ -179,6 +179,21 @@ def test_mean_denominator_is_the_batch(device="cpu"):
             _close(got, exp, what=str(list(kw)))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_gradient_accumulator_first_product_overwrites(device, dtype):
+    """The chunk loop's first weight-gradient product writes the float32 accumulator instead of
+    adding to a zero-filled one: whatever the buffer held (NaN here) is not read; later chunks
+    add to it."""
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(*shape, generator=g).to(device, dtype) for shape in ((9, 7), (7, 5), (9, 7)))
+    acc = torch.full((9, 5), float("nan"), device=device)
+    lce_op._accumulate_mm(acc, a, b, first=True)
+    torch.testing.assert_close(acc, (a.double() @ b.double()).float(), atol=1e-5, rtol=1e-5)
+    lce_op._accumulate_mm(acc, c, b)
+    torch.testing.assert_close(acc, ((a.double() + c.double()) @ b.double()).float(), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_mean_all_ignored(mode):
     """Every row ignored under 'mean': the loss NaN (0/0) and the gradients 0, as torch's."""

@@ -24,13 +24,15 @@ of rows (never the whole (N, V) logits):
     logits = hidden_c @ weight.T (+ bias)             input dtype (tensor cores on a GPU)
     loss  += cross_entropy_(logits, target_c, ...)    logits now hold d loss / d logits
     grad_hidden_c  = logits @ weight                  input dtype
-    grad_weight   += logits.T @ hidden_c              float32 accumulator (see _accumulate_mm)
+    grad_weight   += logits.T @ hidden_c              float32 accumulator (see _accumulate_mm;
+                                                      the first chunk writes it)
     grad_bias     += logits.sum(0)                    float32
 
 "mean" needs the denominator of the whole batch, not the chunk's: the chunks run with
-reduction "sum" and the results are multiplied at the end by 1/D, D computed once on the device
-from the targets (the count of rows not ignored; the sum of their class weights when there are
-class weights and no z-loss). With class weights *and* a z-loss the two terms have different
+reduction "sum" and the results are scaled by 1/D, D computed once on the device from the
+targets (the count of rows not ignored; the sum of their class weights when there are class
+weights and no z-loss). Without a z-loss the scale rides on the class weights the chunks run
+with (_scale_foldable), so that nothing multiplies the (V, H) accumulator afterwards. With class weights *and* a z-loss the two terms have different
 denominators (cross_entropy.h: Dw for the cross-entropy, Dn for the z-term); the chunks then run
 with class weights scaled by Dn/Dw (the cross-entropy terms are linear in the weights) and the
 result is multiplied by 1/Dn. All of it is device arithmetic: no host synchronisation.
@@ -196,17 +198,20 @@ def _out_dtype_works(device):
     return ok
 
 
-def _accumulate_mm(acc, a, b):
-    """acc += a @ b with acc float32 (float64) and a, b maybe narrower: the product is made in
-    a's dtype and accumulated in acc's; no acc-sized temporary. On CUDA addmm(out_dtype=float32)
-    does exactly that (tensor cores, float32 accumulation and output); elsewhere the chunk's
-    factors are upcast (chunk-sized copies)."""
+def _accumulate_mm(acc, a, b, first=False):
+    """acc += a @ b (first: acc = a @ b, acc's old contents ignored, NaN included) with acc
+    float32 (float64) and a, b maybe narrower: the product is made in a's dtype and accumulated
+    in acc's; no acc-sized temporary. On CUDA addmm(out_dtype=float32) does exactly that (tensor
+    cores, float32 accumulation and output); elsewhere the chunk's factors are upcast
+    (chunk-sized copies). `first` spares the accumulator a zero fill and the product a read of
+    it: at Gemma-2-2B's head, 2.2 GiB each."""
+    beta = 0 if first else 1
     if a.dtype == acc.dtype:
-        acc.addmm_(a, b)
+        torch.addmm(acc, a, b, beta=beta, out=acc)
     elif _out_dtype_works(a.device):
-        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+        torch.addmm(acc, a, b, beta=beta, out_dtype=acc.dtype, out=acc)
     else:
-        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+        torch.addmm(acc, a.to(acc.dtype), b.to(acc.dtype), beta=beta, out=acc)
 
 
 # Whether this CPU multiplies bfloat16 / float16 natively, by dtype: probed once (_product_dtype).
@@ -262,6 +267,25 @@ def _plan(target_flat, class_weight, ignore_index, reduction, z_loss, acc, V):
     return w, factor, torch.where(count > 0, factor, torch.zeros_like(factor))
 
 
+def _scale_foldable(scale, z_loss, dt):
+    """Whether the gradients' scale (1/D under "mean", times a 0-d grad_output) can ride on the
+    class weights the chunks' kernel multiplies each row's terms by (_scaled_class_weight), so
+    that the logits' gradient is written already scaled and no pass multiplies the (V, H)
+    accumulator afterwards (at Gemma-2-2B's head 4.4 GiB of float32 traffic, about 1 ms on an
+    H200). Not with a z-loss, whose terms the class weights do not scale, nor for float16 logits,
+    whose range would lose gradients of order p / D to underflow (bfloat16 has float32's)."""
+    return scale is not None and z_loss == 0.0 and dt != torch.float16
+
+
+def _scaled_class_weight(class_weight, scale, V, acc):
+    """Class weights times the 0-d `scale` (uniform weights without class weights), in acc's
+    dtype: every cross-entropy term, and its gradient, is linear in the class weights
+    (cross_entropy.h), so the kernel's results come multiplied by `scale`."""
+    if class_weight is None:
+        return scale.reshape(1).expand(V).contiguous()
+    return class_weight.to(acc) * scale
+
+
 def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
             label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, want_loss=True, want_grad=False,
             grad_output=None):
@@ -283,6 +307,12 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
     b = None if bias is None else (bias if bias.dtype == dt else bias.to(dt))
     cw, factor, grad_factor = _plan(t, class_weight, ignore_index, reduction, z_loss, acc, V)
     red = "none" if reduction == "none" else "sum"
+    scale = grad_factor
+    if grad_output is not None and reduction != "none":
+        scale = grad_output.to(acc) if scale is None else scale * grad_output.to(acc)
+    folded = want_grad and (grad_output is None or not want_loss) and _scale_foldable(scale, z_loss, dt)
+    if folded:
+        cw = _scaled_class_weight(cw, scale, V, acc)
     loss = None
     if want_loss:
         loss = hidden.new_zeros(target.shape if reduction == "none" else (), dtype=acc)
@@ -292,7 +322,8 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
         go_rows = grad_output.reshape(-1)
     if want_grad:
         grad_hidden = hidden.new_empty((N, H))
-        grad_weight = hidden.new_zeros((V, H), dtype=acc)
+        # (the first chunk's product writes it: zeros only for a batch of no rows)
+        grad_weight = hidden.new_empty((V, H), dtype=acc) if N else hidden.new_zeros((V, H), dtype=acc)
         grad_bias = hidden.new_zeros((V,), dtype=acc) if bias is not None else hidden.new_empty((0,), dtype=acc)
     else:
         grad_hidden = hidden.new_empty((0,))
@@ -326,16 +357,18 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
             torch.mm(logits, w, out=grad_hidden[start:start + n])
         else:
             grad_hidden[start:start + n] = torch.mm(logits, w)
-        _accumulate_mm(grad_weight, logits.t(), xc)
+        _accumulate_mm(grad_weight, logits.t(), xc, first=start == 0)
         if bias is not None:
             grad_bias += logits.sum(0, dtype=acc)
-    scale = grad_factor
-    if grad_output is not None and reduction != "none":
-        scale = grad_output.to(acc) if scale is None else scale * grad_output.to(acc)
     if want_loss and factor is not None:
-        loss *= factor
+        if folded:
+            # The chunks' losses came multiplied by grad_factor, which is factor except when no
+            # row counts: then they are 0 and the loss 0 * factor = 0 / 0, NaN, as torch's.
+            loss = torch.where(grad_factor == 0, loss * factor, loss)
+        else:
+            loss *= factor
     if want_grad:
-        if scale is not None:
+        if scale is not None and not folded:
             grad_hidden.mul_(scale)
             grad_weight.mul_(scale)
             grad_bias.mul_(scale)
