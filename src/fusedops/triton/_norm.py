@@ -177,6 +177,17 @@ _BWD_TILE_ELEMS = 4096
 # warps, matching the register-limited residency; more would only add a second
 # wave and a bigger partial buffer).
 _BWD_WARPS_PER_SM = 16
+# Software-pipelining stages of the persistent backward's row loop (tl.range's
+# num_stages: the next tiles' loads are issued before the current one is reduced;
+# without it, each program's loads wait for its reductions and stores, with two
+# programs an SM, one at rows of 8192).  H200, Triton 3.6, bf16, the kernels
+# alone (benchmarks/norm_triton_backward_sweep.py), 1 -> 3 stages, TB/s at
+# 32768x4096 / 4096x8192 / 65536x1024: rms_norm 3.36 / 2.15-2.59 / 3.11 ->
+# 3.85 / 2.94-3.25 / 3.54, layer_norm 3.14 / 1.13-2.39 / 2.90 -> 3.88 /
+# 2.35-2.87 / 3.45, add_rms_norm 3.06 / 2.33-2.59 / 3.22 -> 3.99 / 3.33-3.42 /
+# 3.69 (two runs).  Two stages were slower than one at most shapes, four a
+# little slower than three (layer_norm at 4096x8192 excepted: 3.04 against 2.87).
+_BWD_STAGES = 3
 # Tile of the partial-sum reduction kernel.
 _REDUCE_BLOCK_P = 32
 _REDUCE_BLOCK_N = 64
@@ -478,6 +489,7 @@ def _bwd_fused_kernel(
     ACC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     # Persistent: program `pid` handles row tiles pid, pid + P, pid + 2P, ...
     # (P = number of programs), so its partial sums have a fixed order.
@@ -493,7 +505,7 @@ def _bwd_fused_kernel(
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
 
     n_tiles = tl.cdiv(n_rows, BLOCK_M)
-    for tile in range(pid, n_tiles, num_progs):
+    for tile in tl.range(pid, n_tiles, num_progs, num_stages=NUM_STAGES):
         # tl.cast, not .to(): the interpreter's loop variable is a Python int.
         rows = tl.cast(tile, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_mask = rows < n_rows
@@ -1011,6 +1023,7 @@ def backward(
             **step_flags,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
+            NUM_STAGES=_BWD_STAGES,
             num_warps=num_warps,
         )
     else:
