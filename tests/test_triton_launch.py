@@ -108,3 +108,22 @@ def test_direct_launches_follow_alignment_and_values():
     launcher(grid, (q, k) + direct + tensors[4:], scalars, **keywords)
     launcher.kernel[grid](q, k, *jit, *tensors[4:], *scalars, **keywords)
     assert torch.equal(direct[0], jit[0]) and torch.equal(direct[1], jit[1])
+
+
+def test_norm_backward_pipelines_only_what_fits_shared_memory():
+    """The norms' persistent backward pipelines its row loop only where the stages' tiles fit
+    the per-program shared memory with room to spare: otherwise the kernel would not launch on
+    the GPU (Triton's out-of-resources error) where the unpipelined one does."""
+    from fusedops.triton import _norm
+
+    h200 = 232448  # bytes a program may use on an H100 / H200
+    stages = _norm._BWD_STAGES
+    assert stages > 1
+    assert _norm.bwd_stages(8192 * (2 + 2 + 2), h200) == stages  # bf16 add_rms_norm rows of 8192 (run there)
+    assert _norm.bwd_stages(8192 * (4 + 4), h200) == 1  # float32 rows of 8192
+    assert _norm.bwd_stages(4096 * (2 + 2), 101376) == stages  # bf16 tiles of 4096, a 99 KiB GPU
+    assert _norm.bwd_stages(8192 * (2 + 2), 101376) == 1  # bf16 rows of 8192 there
+    assert _launch.shared_memory_per_block(torch.device("cpu")) == h200
+    if HAS_CUDA:
+        props = torch.cuda.get_device_properties(0)
+        assert _launch.shared_memory_per_block(torch.device("cuda", 0)) >= props.shared_memory_per_block

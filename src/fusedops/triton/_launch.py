@@ -52,6 +52,26 @@ def sm_count(device: torch.device) -> int:
     return count
 
 
+# Shared memory a program may use, assumed when the tensors are not on a CUDA device (the
+# interpreter has no limit; this is an H100's / H200's opt-in limit).
+_NON_CUDA_SHARED_MEMORY = 227 * 1024
+_SHARED_MEMORY: dict[int, int] = {}
+
+
+def shared_memory_per_block(device: torch.device) -> int:
+    """The most shared memory one program may use on `device` (the opt-in limit, which Triton
+    raises a kernel's allowance to), in bytes."""
+    if device.type != "cuda":
+        return _NON_CUDA_SHARED_MEMORY
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    size = _SHARED_MEMORY.get(index)
+    if size is None:
+        props = torch.cuda.get_device_properties(index)
+        size = getattr(props, "shared_memory_per_block_optin", 0) or props.shared_memory_per_block
+        _SHARED_MEMORY[index] = size
+    return size
+
+
 def device_guard(device: torch.device):
     # Triton launches on the current CUDA device; make it the tensors' device.
     if device.type == "cuda":

@@ -133,7 +133,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import Launcher, cdiv, next_power_of_2, sm_count
+from ._launch import Launcher, cdiv, next_power_of_2, shared_memory_per_block, sm_count
 
 # ---------------------------------------------------------------------------
 # Tuning knobs.  All element counts are for a float32 accumulator; they are
@@ -187,7 +187,13 @@ _BWD_WARPS_PER_SM = 16
 # 2.35-2.87 / 3.45, add_rms_norm 3.06 / 2.33-2.59 / 3.22 -> 3.99 / 3.33-3.42 /
 # 3.69 (two runs).  Two stages were slower than one at most shapes, four a
 # little slower than three (layer_norm at 4096x8192 excepted: 3.04 against 2.87).
+# The stages hold a tile of each row input (x, grad_output, grad_residual_out) in
+# shared memory; a loop whose stages would take more than _BWD_STAGES_SHARE of
+# the GPU's per-program shared memory is not pipelined (on an H200: float32 rows
+# of 8192, or add_rms_norm's float32 residual at 8192; the largest pipelined
+# configuration run there is bf16 add_rms_norm at 8192, 144 KiB of 227).
 _BWD_STAGES = 3
+_BWD_STAGES_SHARE = 0.65
 # Tile of the partial-sum reduction kernel.
 _REDUCE_BLOCK_P = 32
 _REDUCE_BLOCK_N = 64
@@ -724,6 +730,13 @@ def _sum_partials_kernel(
 # Host-side helpers
 # ---------------------------------------------------------------------------
 
+def bwd_stages(stage_bytes: int, shared_memory: int) -> int:
+    """Pipelining stages of the persistent backward's loop for row tiles of
+    `stage_bytes` (every row input's tile) on a GPU whose programs may use
+    `shared_memory` bytes: _BWD_STAGES where they fit _BWD_STAGES_SHARE of it, else 1."""
+    return _BWD_STAGES if _BWD_STAGES * stage_bytes <= _BWD_STAGES_SHARE * shared_memory else 1
+
+
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -1015,6 +1028,7 @@ def backward(
         num_progs = min(n_tiles, sms * max(1, _BWD_WARPS_PER_SM // num_warps))
         # rstd_flat doubles as the (never written) dummy without gradients.
         partial = torch.empty((n_grads, num_progs, n), dtype=acc, device=device) if n_grads else rstd_flat
+        row_bytes = x.element_size() + dy.element_size() + (gres.element_size() if grad_residual_out is not None else 0)
         _launch_bwd_fused(
             (num_progs,),
             (dy, x, w, mean_flat, rstd_flat, gres, grad_input, dres, partial),
@@ -1023,7 +1037,7 @@ def backward(
             **step_flags,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
-            NUM_STAGES=_BWD_STAGES,
+            NUM_STAGES=bwd_stages(block_m * block_n * row_bytes, shared_memory_per_block(device)),
             num_warps=num_warps,
         )
     else:
