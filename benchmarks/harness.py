@@ -350,17 +350,23 @@ def copy_bandwidth(device: str, nbytes: Optional[int] = None) -> dict:
     }
 
 
-def peak_memory_mib(fn: Callable[[], Any], device: str) -> Optional[float]:
-    """Peak memory one call of `fn` allocates on top of what was allocated before it, in MiB
-    (what it returns included); None off CUDA."""
-    if device != "cuda":
-        return None
+def call_with_peak_memory(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """fn()'s result and the most GPU memory the call allocated on top of what was allocated
+    before it, in bytes (what it returns included)."""
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     result = fn()
     torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
+    return result, torch.cuda.max_memory_allocated() - base
+
+
+def peak_memory_mib(fn: Callable[[], Any], device: str) -> Optional[float]:
+    """Peak memory one call of `fn` allocates on top of what was allocated before it, in MiB
+    (what it returns included); None off CUDA."""
+    if device != "cuda":
+        return None
+    result, peak = call_with_peak_memory(fn)
     del result
     return peak / 2**20
 

@@ -12,12 +12,19 @@ only call what still exists there) and swapped in for the current ones in turn.
 
 import argparse
 import ast
+import sys
+from pathlib import Path
 
-import torch
-from triton.testing import do_bench
+if __package__ in (None, ""):
+    # Started as a script: make the repository root importable (benchmarks as a package).
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import fusedops
-from fusedops.ops import linear_cross_entropy as lce
+import torch  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+import fusedops  # noqa: E402
+from benchmarks.linear_cross_entropy_goals import memory_beyond_gradients  # noqa: E402
+from fusedops.ops import linear_cross_entropy as lce  # noqa: E402
 
 GiB = 2**30
 SHAPES = {"gemma-2-2b": (8192, 2304, 256000), "llama-3-8b": (8192, 4096, 128256)}
@@ -58,13 +65,7 @@ def main():
                     setattr(lce, name, fn)
                 times.setdefault(label, []).append(do_bench(step, warmup=100, rep=1000))
                 if round_ == 0:
-                    torch.cuda.synchronize()
-                    torch.cuda.empty_cache()
-                    base = torch.cuda.memory_allocated()
-                    torch.cuda.reset_peak_memory_stats()
-                    gh, gw = step()
-                    torch.cuda.synchronize()
-                    extra = torch.cuda.max_memory_allocated() - base - 2 * (gh.numel() + gw.numel())
+                    (gh, gw), extra = memory_beyond_gradients(step)
                     grads[label] = (gh.float(), gw.float())
                     print(f"{shape} {label}: memory beyond inputs and gradients {extra / GiB:.3f} GiB", flush=True)
         for name, fn in versions["new"].items():

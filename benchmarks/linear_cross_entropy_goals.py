@@ -13,14 +13,29 @@ automatic chunk_classes), "low:N" (low_memory, chunk_classes=N).
 
 import argparse
 import os
+import sys
+from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from triton.testing import do_bench
+if __package__ in (None, ""):
+    # Started as a script: make the repository root importable (benchmarks as a package).
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import fusedops
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+import fusedops  # noqa: E402
+from benchmarks import harness  # noqa: E402
 
 GiB = 2**30
+
+
+def memory_beyond_gradients(step):
+    """Runs step() once (it returns gradients); returns them and the most it allocated on top of
+    what was allocated before it, less the gradients' own bytes."""
+    torch.cuda.empty_cache()
+    grads, peak = harness.call_with_peak_memory(step)
+    return grads, peak - sum(g.numel() * g.element_size() for g in grads)
 
 
 def rel(a, b):
@@ -79,14 +94,7 @@ def shapes(modes):
                     return torch.autograd.grad(loss, (hx, wx))
 
                 ms = do_bench(step)
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-                base = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
-                gh, gw = step()
-                torch.cuda.synchronize()
-                extra = (torch.cuda.max_memory_allocated() - base - gh.numel() * gh.element_size()
-                         - gw.numel() * gw.element_size())
+                (gh, gw), extra = memory_beyond_gradients(step)
                 print(f"{name}: weight {str(wdtype)[6:]} {mode}: {ms:.2f} ms = {ms / t_mm:.3f}x products "
                       f"({6 * N * H * V / ms / 1e9:.0f} TFLOP/s); memory beyond inputs+grads {extra / GiB:.3f} GiB")
                 del gh, gw, hx, wx
