@@ -244,14 +244,17 @@ def test_only_some_inputs_need_grad():
     assert gh.numel() == gw.numel() == gb.numel() == 0 and int(bad) == -1
 
 
+@pytest.mark.parametrize("z_loss", [0.0, 0.01])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("mode", MODES)
-def test_registered_op_without_compute_grad_recomputes(reduction, mode):
+def test_registered_op_without_compute_grad_recomputes(reduction, mode, z_loss):
     """The registered op called with compute_grad=False on inputs that need gradients: its
-    backward recomputes them (linear_cross_entropy_backward) and gets them right."""
+    backward recomputes them (linear_cross_entropy_backward) and gets them right, with the
+    incoming gradient and the "mean" scale folded into the chunks' class weights (no z-loss)
+    or applied afterwards."""
     h, w, b, t = _inputs(9, 4, 13, "cpu")
-    loss = lce_op.forward(h, w, t, b, None, -100, reduction, 0.1, 0.01, None, **mode, compute_grad=False)[0]
-    ref = reference(h, w, t, b, None, -100, reduction, 0.1, 0.01)
+    loss = lce_op.forward(h, w, t, b, None, -100, reduction, 0.1, z_loss, None, **mode, compute_grad=False)[0]
+    ref = reference(h, w, t, b, None, -100, reduction, 0.1, z_loss)
     for a, e in zip(torch.autograd.grad(loss, [h, w, b], torch.tensor(1.7, dtype=torch.float64)),
                     torch.autograd.grad(ref, [h, w, b], torch.tensor(1.7, dtype=torch.float64))):
         _close(a, e)
