@@ -32,10 +32,11 @@ of rows (never the whole (N, V) logits):
 reduction "sum" and the results are scaled by 1/D, D computed once on the device from the
 targets (the count of rows not ignored; the sum of their class weights when there are class
 weights and no z-loss). Without a z-loss the scale rides on the class weights the chunks run
-with (_scale_foldable), so that nothing multiplies the (V, H) accumulator afterwards. With class weights *and* a z-loss the two terms have different
-denominators (cross_entropy.h: Dw for the cross-entropy, Dn for the z-term); the chunks then run
-with class weights scaled by Dn/Dw (the cross-entropy terms are linear in the weights) and the
-result is multiplied by 1/Dn. All of it is device arithmetic: no host synchronisation.
+with (_scale_foldable), so that nothing multiplies the (V, H) accumulator afterwards. With
+class weights *and* a z-loss the two terms have different denominators (cross_entropy.h: Dw
+for the cross-entropy, Dn for the z-term); the chunks then run with class weights scaled by
+Dn/Dw (the cross-entropy terms are linear in the weights) and the result is multiplied by 1/Dn.
+All of it is device arithmetic: no host synchronisation.
 
 Chunk size: chunk_rows, or by default as many rows as keep one chunk's logits within
 CHUNK_BYTES (64 MiB; CHUNK_BYTES_CUDA, 1 GiB, on a GPU). The only buffers beyond the inputs and the returned gradients are one
