@@ -39,8 +39,8 @@ Dn/Dw (the cross-entropy terms are linear in the weights) and the result is mult
 All of it is device arithmetic: no host synchronisation.
 
 Chunk size: chunk_rows, or by default as many rows as keep one chunk's logits within
-CHUNK_BYTES (64 MiB; CHUNK_BYTES_CUDA, 1 GiB, on a GPU). The only buffers beyond the inputs and the returned gradients are one
-chunk of logits, the float32 weight-gradient accumulator when the weight is not float32 (an
+CHUNK_BYTES (64 MiB; CHUNK_BYTES_CUDA, 1 GiB, on a GPU). The only buffers beyond the inputs
+and the returned gradients are one chunk of logits, the float32 weight-gradient accumulator when the weight is not float32 (an
 extra 4*V*H bytes: with float32 parameters, as mixed-precision training has them, the
 accumulator *is* the returned gradient), and, when the weight's dtype is not hidden's, one copy
 of the weight in hidden's dtype for the products. Small chunks keep memory low but make the
