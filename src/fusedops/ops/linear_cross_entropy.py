@@ -283,7 +283,7 @@ def _scaled_class_weight(class_weight, scale, V, acc):
     dtype: every cross-entropy term, and its gradient, is linear in the class weights
     (cross_entropy.h), so the kernel's results come multiplied by `scale`."""
     if class_weight is None:
-        return scale.reshape(1).expand(V).contiguous()
+        return scale.expand(V).contiguous()
     return class_weight.to(acc) * scale
 
 
@@ -410,15 +410,13 @@ def slice_classes_for(N, V, itemsize, chunk_classes=None):
 
 
 def _mm_to(out, a, b):
-    """out = a @ b made in a's dtype and written in out's (float32 accumulation for a narrower
-    a): on CUDA by the product itself (addmm with out_dtype), elsewhere through a copy."""
-    if out.dtype == a.dtype:
-        torch.mm(a, b, out=out)
-    elif out.dtype.itemsize > a.dtype.itemsize and _out_dtype_works(a.device):
-        torch.addmm(out, a, b, beta=0, out_dtype=out.dtype, out=out)
+    """out = a @ b made in a's dtype and written in out's: for an out of a's dtype or wider,
+    _accumulate_mm's first product (float32 accumulation for a narrower a); otherwise through
+    a copy."""
+    if out.dtype == a.dtype or out.dtype.itemsize > a.dtype.itemsize:
+        _accumulate_mm(out, a, b, first=True)
     else:
-        wide = out.dtype if out.dtype.itemsize > a.dtype.itemsize else a.dtype
-        out.copy_(torch.mm(a.to(wide), b.to(wide)))
+        out.copy_(torch.mm(a, b.to(a.dtype)))
 
 
 def _finish_rows(stats, t, class_weight, V, ignore_index, reduction, eps, z, grad_output, acc):
