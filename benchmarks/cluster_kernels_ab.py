@@ -1,8 +1,8 @@
 """One line of TB/s through the thread-block-cluster kernels (on a GPU), for A/B.
 
 The shapes whose rows are too wide for one block: add_rms_norm's register-caching cluster
-forward (2048x32768, 4096x24576, 1024x65536), the staged rms_norm / layer_norm forward
-(2048x32768, 512x131072, 256x262144), the norms' forward+backward there (the cluster backward;
+forward (2048x32768, 4096x24576, 1024x65536), the wide rms_norm / layer_norm forward
+(2048x32768, 1024x65536, 512x131072, 256x262144), the norms' forward+backward there (the cluster backward;
 add_rms_norm also with a float32 residual stream), and cross_entropy's forward+backward
 (8192x128256, 4096x256000: the row kernel in clusters). bf16, medians of
 `triton.testing.do_bench`. Run it in turn under two builds, several rounds alternating, as
@@ -42,7 +42,7 @@ def add_forward(cells):
 
 
 def staged_forward(cells):
-    for rows, n in ((2048, 32768), (512, 131072), (256, 262144)):
+    for rows, n in ((2048, 32768), (1024, 65536), (512, 131072), (256, 262144)):
         x, w, b = randn(rows, n), randn(n), randn(n)
         calls = (
             ("rms", lambda: fusedops.rms_norm(x, w, 1e-6)),

@@ -4,9 +4,10 @@
 also reads grad_residual_out: 4), bf16, at the benchmark's three large shapes. A configuration is
 STAGES/TILE/WARPS: tl.range's software-pipelining stages of the row loop (_BWD_STAGES), the
 elements of a row tile (_BWD_TILE_ELEMS) and the warps launched per SM (_BWD_WARPS_PER_SM). The
-first configuration's outputs are the reference the others are checked against.
+first configuration's outputs are the reference the others are checked against. The wide shapes
+(rows past 8192) take the looped kernels, which only STAGES changes.
 
-    python benchmarks/norm_triton_backward_sweep.py [--configs 1/4096/16,3/4096/16,...]
+    python benchmarks/norm_triton_backward_sweep.py [--configs 1/4096/16,3/4096/16,...] [--shapes wide]
 """
 
 import argparse
@@ -19,7 +20,7 @@ from fusedops.triton import add_rms_norm as triton_add_rms_norm
 from fusedops.triton import layer_norm as triton_layer_norm
 from fusedops.triton import rms_norm as triton_rms_norm
 
-SHAPES = [(32768, 4096), (4096, 8192), (65536, 1024)]
+SHAPES = {"large": [(32768, 4096), (4096, 8192), (65536, 1024)], "wide": [(2048, 32768), (256, 262144)]}
 
 
 def backward_calls(rows, n):
@@ -38,9 +39,10 @@ def backward_calls(rows, n):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="1/4096/16,2/4096/16,3/4096/16,4/4096/16,1/4096/32,3/4096/32,1/2048/32")
+    parser.add_argument("--shapes", default="large", choices=sorted(SHAPES))
     args = parser.parse_args()
     configs = [tuple(int(v) for v in c.split("/")) for c in args.configs.split(",")]
-    for rows, n in SHAPES:
+    for rows, n in SHAPES[args.shapes]:
         for name, (call, passes) in backward_calls(rows, n).items():
             reference, cells = None, []
             for stages, tile, warps in configs:

@@ -26,16 +26,16 @@ def _assert_all_close(got, expected, tol, desc, scaled=False):
         torch.testing.assert_close(g / scale, e / scale, atol=tol.atol, rtol=tol.rtol, msg=lambda m: f"{desc}: {m}")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
-@pytest.mark.parametrize("info", OPS)
-def test_triton_matches_cpu_kernels(info, dtype):
-    pytest.importorskip("triton")
+def _check_samples(info, dtype, min_row=0, max_numel=2048):
+    """Every sample of `info` of at most `max_numel` elements (rows of at least `min_row`) through the op's Triton
+    kernels against its CPU kernels, forward, backward and variants; returns how many ran."""
     kernels = OP_MODULES[info.name].TRITON_IMPLS  # op name -> Triton kernel, the op's signature
     backward_op = info.backward_ops[0]
     tol = info.tol[dtype]
     checked = 0
     for sample in info.samples("cpu", dtype, requires_grad=False):
-        if sample.args[0].numel() > 2048:
+        x = sample.args[0]
+        if x.numel() > max_numel or x.ndim == 0 or x.shape[-1] < min_row:
             continue  # the interpreter costs about 0.5 ms per program instance
         # (ops of one output return a tensor: compared as a 1-tuple)
         expected = outputs_of(info.op(*sample.args))
@@ -52,4 +52,29 @@ def test_triton_matches_cpu_kernels(info, dtype):
             got, expected = (() if r is None else outputs_of(r) for r in (got, expected))
             _assert_all_close(got + got_args[:2], expected + expected_args[:2], tol, sample.desc)
         checked += 1
-    assert checked > 0
+    return checked
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+@pytest.mark.parametrize("info", OPS)
+def test_triton_matches_cpu_kernels(info, dtype):
+    pytest.importorskip("triton")
+    assert _check_samples(info, dtype) > 0
+
+
+NORMS = [pytest.param(info, id=info.name) for info in OP_TESTS if info.name in ("rms_norm", "layer_norm", "add_rms_norm")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("info", NORMS)
+def test_norm_long_row_kernels(info, dtype, monkeypatch):
+    """The norms' kernels for rows longer than one program holds (the looped forward; the
+    backward's row statistics and its (row group, column chunk) grid, software-pipelined),
+    which the real limits keep from every interpreter-sized sample: shrunk to rows of 8 values
+    and chunks of 8 (4 in float64), so that rows span several chunks and row groups several rows."""
+    pytest.importorskip("triton")
+    from fusedops.triton import _norm
+
+    for knob in ("_FWD_FUSED_MAX_N", "_BWD_FUSED_MAX_N", "_BWD_FUSED_MAX_N_WITH_DB", "_LOOP_BLOCK_N"):
+        monkeypatch.setattr(_norm, knob, 8)
+    assert _check_samples(info, dtype, min_row=9, max_numel=400) > 0

@@ -192,6 +192,12 @@ _BWD_WARPS_PER_SM = 16
 # the GPU's per-program shared memory is not pipelined (on an H200: float32 rows
 # of 8192, or add_rms_norm's float32 residual at 8192; the largest pipelined
 # configuration run there is bf16 add_rms_norm at 8192, 144 KiB of 227).
+# The long rows' two backward loops (row statistics over a row's chunks, and the
+# (row group, chunk) grid's rows) are pipelined the same way, under the same
+# guard, chunks of _LOOP_BLOCK_N for a stage: H200, bf16, 1 -> 3 stages, TB/s at
+# 2048x32768 / 256x262144 (the same script, --shapes wide, 2026-12-03):
+# rms_norm 2.13 / 2.01 -> 2.23 / 2.23, layer_norm 2.16 / 1.93 -> 2.17 / 2.14,
+# add_rms_norm 2.36 / 2.22 -> 2.55 / 2.55.
 _BWD_STAGES = 3
 _BWD_STAGES_SHARE = 0.65
 # Tile of the partial-sum reduction kernel.
@@ -577,6 +583,7 @@ def _bwd_row_stats_kernel(
     SAVED_IS_OUTPUT: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     # Long rows, step 1: C1[r] = mean_j(g * xhat) = rstd * sum_j(g * (x - mean)) / N
     # and, centred, C0[r] = mean_j(g).  From a saved output, xhat is y / w and
@@ -589,7 +596,7 @@ def _bwd_row_stats_kernel(
     if CENTERED:
         mean = tl.load(MEAN + row).to(ACC)
         acc_g = tl.zeros([BLOCK_N], dtype=ACC)
-    for start in range(0, N, BLOCK_N):
+    for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
         c = start + cols
         m = c < N
         x = tl.load(x_row + c, mask=m, other=0.0).to(ACC)
@@ -637,6 +644,7 @@ def _bwd_looped_kernel(
     COMPUTE_DB: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     # Long rows, step 2: program (group, chunk) handles the contiguous block of
     # rows [group * rows_per_group, ...) restricted to one column chunk, and
@@ -654,7 +662,7 @@ def _bwd_looped_kernel(
 
     row_start = group.to(tl.int64) * rows_per_group
     row_end = tl.minimum(row_start + rows_per_group, n_rows)
-    for row in range(row_start, row_end):
+    for row in tl.range(row_start, row_end, num_stages=NUM_STAGES):
         x_off = _row_offsets(row, x_s1, x_st0, x_st1, X_TWO_LEVEL)
         dy_off = _row_offsets(row, dy_s1, dy_st0, dy_st1, DY_TWO_LEVEL)
         x = tl.load(X + x_off + cols, mask=col_mask, other=0.0).to(ACC)
@@ -1021,6 +1029,8 @@ def backward(
     fused_max = (_BWD_FUSED_MAX_N_WITH_DB if compute_db else _BWD_FUSED_MAX_N) // scale
 
     strides = (x_s1, x_st0, x_st1, dy_s1, dy_st0, dy_st1)
+    # Bytes of one element of every row input (x, grad_output, grad_residual_out).
+    row_bytes = x.element_size() + dy.element_size() + (gres.element_size() if grad_residual_out is not None else 0)
     if block_n <= fused_max:
         block_m = max(1, min(_BWD_TILE_ELEMS // scale // block_n, next_power_of_2(n_rows)))
         num_warps = _num_warps(block_m * block_n)
@@ -1028,7 +1038,6 @@ def backward(
         num_progs = min(n_tiles, sms * max(1, _BWD_WARPS_PER_SM // num_warps))
         # rstd_flat doubles as the (never written) dummy without gradients.
         partial = torch.empty((n_grads, num_progs, n), dtype=acc, device=device) if n_grads else rstd_flat
-        row_bytes = x.element_size() + dy.element_size() + (gres.element_size() if grad_residual_out is not None else 0)
         _launch_bwd_fused(
             (num_progs,),
             (dy, x, w, mean_flat, rstd_flat, gres, grad_input, dres, partial),
@@ -1043,6 +1052,8 @@ def backward(
     else:
         block_n = _LOOP_BLOCK_N // scale
         num_warps = _num_warps(block_n)
+        # Both loops stage a chunk of each row input per step, as the persistent kernel's do.
+        loop_stages = bwd_stages(block_n * row_bytes, shared_memory_per_block(device))
         c1 = torch.empty((n_rows,), dtype=acc, device=device)
         c0 = torch.empty((n_rows,), dtype=acc, device=device) if centered else c1
         _launch_bwd_row_stats(
@@ -1051,6 +1062,7 @@ def backward(
             (n, *strides, offset_hi, offset_lo),
             **flags,
             BLOCK_N=block_n,
+            NUM_STAGES=loop_stages,
             num_warps=num_warps,
         )
         n_chunks = cdiv(n, block_n)
@@ -1067,6 +1079,7 @@ def backward(
             **flags,
             **step_flags,
             BLOCK_N=block_n,
+            NUM_STAGES=loop_stages,
             num_warps=num_warps,
         )
 
