@@ -1071,6 +1071,9 @@ def render_plots(out_dir: Path, rows: list, entries: dict) -> list:
                                  figsize=(6.5 * len(sizes), 3.4 * len(modes)))
         copy = _copy_of(ok)
         colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", [None])
+        if len(providers) > len(colors):  # past the default ten, their lighter shades (tab20's odd)
+            tab20 = plt.get_cmap("tab20").colors
+            colors = list(tab20[0::2]) + list(tab20[1::2])
         handles = {}
         for i, mode in enumerate(modes):
             for j, size in enumerate(sizes):

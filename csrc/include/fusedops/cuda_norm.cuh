@@ -795,6 +795,9 @@ __global__ void __launch_bounds__(kClusterThreads, kClusterForwardBlocks<VPT>)
 // 2048x32768, 3.42 -> 3.31 / 2.59 at 512x131072, 3.33 -> 3.11 / 2.47 at 256x262144; layer_norm
 // 3.26 -> 3.13 / 2.30, 3.15 -> 2.87 / 2.04, 3.05 -> 2.61 / 1.92. The time a row spends per
 // cluster exchange and chunk, not the rounds, is what the wide forward loses.
+// Also slower (2026-12-03, docs/ops/rms_norm.md "Two more layouts"): forward_cluster_kernel
+// (registers, sums pushed) for rms_norm and layer_norm, and the weight and bias staged in shared
+// memory beside a smaller chunk of x.
 constexpr int kStagedChunkBytes = 64 * 1024;
 
 template <typename C, int VEC>
