@@ -85,6 +85,8 @@ Launch strategy
 * The fused backward is persistent: a grid of roughly ``SMs * k`` programs, each
   looping over a fixed, strided set of row tiles and keeping its parameter-gradient
   partials in registers until the end.
+* Every backward loop is software-pipelined (``tl.range`` stages, ``_BWD_STAGES``):
+  the next steps' loads are in flight while the current one is reduced and stored.
 
 The tuning knobs below are module globals read at each call, so tests can shrink
 them (``fusedops.triton._norm._FWD_FUSED_MAX_N = 16``, say) to drive small shapes
