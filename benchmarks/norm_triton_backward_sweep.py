@@ -1,4 +1,4 @@
-"""The Triton norms' persistent backward kernel under launch configurations, the kernels alone
+"""The Triton norms' backward kernels under launch configurations, the kernels alone
 (fusedops.triton's backward functions, no autograd), on a GPU: TB/s on the minimum-bytes model
 (rms_norm and layer_norm read x and grad_output and write grad_input: 3 passes; add_rms_norm
 also reads grad_residual_out: 4), bf16, at the benchmark's three large shapes. A configuration is

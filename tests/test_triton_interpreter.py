@@ -63,7 +63,9 @@ def test_triton_matches_cpu_kernels(info, dtype):
     assert _check_samples(info, dtype) > 0
 
 
-NORMS = [pytest.param(info, id=info.name) for info in OP_TESTS if info.name in ("rms_norm", "layer_norm", "add_rms_norm")]
+NORMS = [
+    pytest.param(info, id=info.name) for info in OP_TESTS if info.name in ("rms_norm", "layer_norm", "add_rms_norm")
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -43,10 +43,11 @@ CHUNK_BYTES (64 MiB; CHUNK_BYTES_CUDA, 1 GiB, on a GPU). The only buffers beyond
 and the returned gradients are one chunk of logits, the float32 weight-gradient accumulator
 when the weight is not float32 (an extra 4*V*H bytes: with float32 parameters, as
 mixed-precision training has them, the accumulator *is* the returned gradient), and, when the
-weight's dtype is not hidden's, one copy of the weight in hidden's dtype for the products. Small chunks keep memory low but make the
-weight-gradient product (its inner dimension is the chunk's rows) read and write the whole
-(V, H) accumulator per chunk: on a GPU, chunks of a few thousand rows are needed for it to run
-at the tensor cores' rate (docs/ops/linear_cross_entropy.md).
+weight's dtype is not hidden's, one copy of the weight in hidden's dtype for the products.
+Small chunks keep memory low but make the weight-gradient product (its inner dimension is the
+chunk's rows) read and write the whole (V, H) accumulator per chunk: on a GPU, chunks of a few
+thousand rows are needed for it to run at the tensor cores' rate
+(docs/ops/linear_cross_entropy.md).
 
 low_memory=True walks the vocabulary in slices instead of the rows in chunks (the section "the
 low-memory mode" below): no float32 buffer of the weight's size and only a small slice of

@@ -741,9 +741,9 @@ def _sum_partials_kernel(
 # ---------------------------------------------------------------------------
 
 def bwd_stages(stage_bytes: int, shared_memory: int) -> int:
-    """Pipelining stages of the persistent backward's loop for row tiles of
-    `stage_bytes` (every row input's tile) on a GPU whose programs may use
-    `shared_memory` bytes: _BWD_STAGES where they fit _BWD_STAGES_SHARE of it, else 1."""
+    """Pipelining stages of a backward loop whose step loads `stage_bytes` (a tile
+    or chunk of every row input) on a GPU whose programs may use `shared_memory`
+    bytes: _BWD_STAGES where they fit _BWD_STAGES_SHARE of it, else 1."""
     return _BWD_STAGES if _BWD_STAGES * stage_bytes <= _BWD_STAGES_SHARE * shared_memory else 1
 
 
@@ -1032,7 +1032,9 @@ def backward(
 
     strides = (x_s1, x_st0, x_st1, dy_s1, dy_st0, dy_st1)
     # Bytes of one element of every row input (x, grad_output, grad_residual_out).
-    row_bytes = x.element_size() + dy.element_size() + (gres.element_size() if grad_residual_out is not None else 0)
+    row_bytes = x.element_size() + dy.element_size()
+    if grad_residual_out is not None:
+        row_bytes += gres.element_size()
     if block_n <= fused_max:
         block_m = max(1, min(_BWD_TILE_ELEMS // scale // block_n, next_power_of_2(n_rows)))
         num_warps = _num_warps(block_m * block_n)
@@ -1054,7 +1056,7 @@ def backward(
     else:
         block_n = _LOOP_BLOCK_N // scale
         num_warps = _num_warps(block_n)
-        # Both loops stage a chunk of each row input per step, as the persistent kernel's do.
+        # (the row statistics' loop reads no grad_residual_out: the guard counts it anyway)
         loop_stages = bwd_stages(block_n * row_bytes, shared_memory_per_block(device))
         c1 = torch.empty((n_rows,), dtype=acc, device=device)
         c0 = torch.empty((n_rows,), dtype=acc, device=device) if centered else c1
