@@ -27,14 +27,15 @@ def test_drop_in(ours, theirs, variants, device):
                 for p in ref.parameters():
                     p.normal_()  # not the initial ones and zeros
             mine.load_state_dict(ref.state_dict())
-            x = torch.randn(3, 5, *shape, device=device, requires_grad=True)
-            y, y_ref = mine(x), ref(x)
-            torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
-            g = torch.randn_like(y)
-            params = [x] + list(mine.parameters())
-            ref_params = [x] + list(ref.parameters())
-            for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(y_ref, ref_params, g)):
-                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+            for lead in ((3, 5), (0,)):  # (an empty batch: parameter gradients of zeros)
+                x = torch.randn(*lead, *shape, device=device, requires_grad=True)
+                y, y_ref = mine(x), ref(x)
+                torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+                g = torch.randn_like(y)
+                params = [x] + list(mine.parameters())
+                ref_params = [x] + list(ref.parameters())
+                for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(y_ref, ref_params, g)):
+                    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
             # (torch's repr gained fields over versions, e.g. LayerNorm's bias=: ours is 2.13's)
             assert repr(mine).startswith(repr(ref)[:-1]), (repr(mine), repr(ref))
 
@@ -43,3 +44,18 @@ def test_drop_in(ours, theirs, variants, device):
 def test_wrong_trailing_shape(ours):
     with pytest.raises(ValueError, match=r"input's trailing shape \[8\] does not match normalized_shape \[16\]"):
         ours(16)(torch.randn(2, 8))
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_rms_norm_default_eps(dtype, device):
+    # eps=None is the computation type's epsilon (float32's for 16-bit input), as in torch: with
+    # rows this small the 16-bit types' own epsilon (bf16: 7.8e-3) would change the result by
+    # far more than rounding.
+    shape = (4, 64)
+    x = torch.randn(shape, device=device, dtype=torch.float64).mul_(1e-2).to(dtype)
+    mine, ref = fusedops.nn.RMSNorm(64, device=device, dtype=dtype), torch.nn.RMSNorm(64, device=device, dtype=dtype)
+    expected = torch.nn.functional.rms_norm(x.double(), (64,), None, torch.finfo(
+        torch.float64 if dtype == torch.float64 else torch.float32).eps).to(dtype)
+    torch.testing.assert_close(mine(x), expected)
+    torch.testing.assert_close(mine(x), ref(x))

@@ -1,5 +1,6 @@
 """What the norm modules share: applying a last-dimension norm over a trailing `normalized_shape`."""
 
+import math
 from typing import Callable, Optional, Sequence
 
 from torch import Tensor
@@ -25,6 +26,7 @@ def apply_over_trailing(
         )
     if k == 1:
         return norm(input, *params, eps, *options)
-    flat = input.reshape(*input.shape[:-k], -1)
+    # (the width spelled out: -1 cannot be inferred when a leading dimension is 0)
+    flat = input.reshape(*input.shape[:-k], math.prod(normalized_shape))
     flat_params = [None if p is None else p.reshape(-1) for p in params]
     return norm(flat, *flat_params, eps, *options).view(input.shape)

@@ -10,11 +10,22 @@ from ..functional import rms_norm
 from ._normalized_shape import apply_over_trailing
 
 
+_FLOAT32_EPS = torch.finfo(torch.float32).eps
+_FLOAT64_EPS = torch.finfo(torch.float64).eps
+
+
+def _default_eps(dtype: torch.dtype) -> float:
+    # The epsilon of the computation type (float32 for the 16-bit types), as torch.nn.RMSNorm.
+    return _FLOAT64_EPS if dtype == torch.float64 else _FLOAT32_EPS
+
+
 class RMSNorm(torch.nn.Module):
     """Same constructor, attributes and state_dict keys as :class:`torch.nn.RMSNorm`
     (``weight`` when ``elementwise_affine``), computed by :func:`fusedops.rms_norm`.
 
-    As in torch, ``eps=None`` means ``torch.finfo(input.dtype).eps``. A ``normalized_shape`` of
+    As in torch (2.7 and later), ``eps=None`` means the machine epsilon of the type the norm
+    computes in: ``torch.finfo(torch.float32).eps`` for float32, bfloat16 and float16 input,
+    ``torch.finfo(torch.float64).eps`` for float64. A ``normalized_shape`` of
     several dimensions normalises over all of them (those trailing dimensions are flattened into
     one, which copies only if they cannot be viewed as one).
 
@@ -58,7 +69,7 @@ class RMSNorm(torch.nn.Module):
             torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, input: Tensor) -> Tensor:
-        eps = torch.finfo(input.dtype).eps if self.eps is None else self.eps
+        eps = _default_eps(input.dtype) if self.eps is None else self.eps
         options = (self.offset, self.cast_before_weight, self.save_output)
         return apply_over_trailing(rms_norm, "RMSNorm", input, self.normalized_shape, (self.weight,), eps, options)
 
