@@ -301,9 +301,9 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
     acc = acc_dtype(hidden.dtype)
     H = hidden.shape[-1]
     V = weight.shape[0]
-    x = hidden.reshape(-1, H)
     t = target.reshape(-1)
-    N = x.shape[0]
+    N = t.shape[0]
+    x = hidden.reshape(N, H)  # (N spelled out: -1 cannot be inferred when H is 0)
     dt = _product_dtype(hidden)  # hidden's dtype, or float32 on a CPU without 16-bit products
     w = weight if weight.dtype == dt else weight.to(dt)
     b = None if bias is None else (bias if bias.dtype == dt else bias.to(dt))
@@ -470,9 +470,9 @@ def compute_low_memory(kernels, hidden, weight, target, bias=None, class_weight=
     acc = acc_dtype(hidden.dtype)
     H = hidden.shape[-1]
     V = weight.shape[0]
-    x = hidden.reshape(-1, H)
     t = target.reshape(-1)
-    N = x.shape[0]
+    N = t.shape[0]
+    x = hidden.reshape(N, H)  # (N spelled out: -1 cannot be inferred when H is 0)
     dt = _product_dtype(hidden)
     xd = x if x.dtype == dt else x.to(dt)
     smoothing = label_smoothing > 0

@@ -133,6 +133,10 @@ def _default_mode_samples(device, dtype, requires_grad, edge):
         w, b = _weight(10, 8, dtype, device, rg), _bias(10, dtype, device, rg)
         yield Sample(_args(h, w, _targets(shape[:-1], 10, device), b, None, -100, red, 0.0, 0.0, None, 3),
                      f"empty {list(shape)} {red}")
+    # Rows of width 0: every logit is the bias.
+    h, w = _hidden((4, 0), dtype, device, rg), _weight(10, 0, dtype, device, rg)
+    yield Sample(_args(h, w, _targets((4,), 10, device), _bias(10, dtype, device, rg), None, -100, "mean", 0.0, 0.0,
+                       None, 3), "hidden width 0")
     # Every row ignored but one, in a chunk of its own.
     t = _targets((5,), 16, device)
     t[:4] = -100
