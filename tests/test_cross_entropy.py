@@ -186,6 +186,28 @@ def test_inplace_grad_mode_refuses_saved_logits(device):
         (loss + side).backward()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_inplace_grad_mode_refuses_user_leaves(device):
+    """The in-place mode would overwrite a tensor the user holds: refused for a leaf that requires
+    grad and for views of one (as torch refuses in-place ops there), through the public function
+    and the registered op; the logits are left as they were."""
+    x, t = _problem(device)
+    kept = x.detach().clone()
+    leaf_msg = "logits is a leaf tensor that requires grad, which the in-place gradient mode would overwrite"
+    with pytest.raises(RuntimeError, match=r"fusedops.cross_entropy\(inplace_grad=True\): " + leaf_msg):
+        fusedops.cross_entropy(x, t, inplace_grad=True)
+    with pytest.raises(RuntimeError, match="logits is a view of a leaf tensor that requires grad"):
+        fusedops.cross_entropy(x[..., :-1], t.clamp(max=x.shape[-1] - 2), inplace_grad=True)
+    with pytest.raises(RuntimeError, match="fusedops::cross_entropy_: " + leaf_msg):
+        torch.ops.fusedops.cross_entropy_(x, t, None, -100, "mean", 0.0, 0.0, None)
+    assert torch.equal(x.detach(), kept)
+    # A non-leaf (and its views) may be overwritten, and no grad mode needs no autograd at all.
+    fusedops.cross_entropy((x * 1.0)[..., :-1], t.clamp(max=x.shape[-1] - 2), inplace_grad=True).backward()
+    with torch.no_grad():
+        torch.ops.fusedops.cross_entropy_(x, t, None, -100, "mean", 0.0, 0.0, None)
+    assert not torch.equal(x.detach(), kept)
+
+
 @pytest.mark.parametrize("shape", [(3, 5, 33), (4, 128256), (2, 262152)], ids=["small", "cluster", "sweep"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_inplace_op_writes_gradient(device, shape):
@@ -376,7 +398,7 @@ def test_bad_target_gpu(device):
     t2 = t.clone()
     t2[1, 2] = -7
     with pytest.raises(ValueError, match=r"target\[1, 2\] = -7 is outside"):
-        fusedops.cross_entropy(x.detach().clone().requires_grad_(), t2, inplace_grad=True, check_target="sync")
+        fusedops.cross_entropy(x.detach().clone().requires_grad_() * 1.0, t2, inplace_grad=True, check_target="sync")
     loss = fusedops.cross_entropy(x, t, reduction="none", check_target=False)
     assert torch.isnan(loss[1, 2]) and torch.isfinite(loss[0]).all()
     (g,) = torch.autograd.grad(loss.sum(), x)

@@ -385,7 +385,9 @@ def cross_entropy(
         inplace_grad: write the gradient into ``logits`` (which then hold it, not the logits)
             instead of a new logits-sized buffer, to save memory. Only when the logits need a
             gradient; ignored under torch.compile (which plans memory itself). Nothing else may
-            need the logits afterwards (autograd raises if a saved copy was overwritten).
+            need the logits afterwards (autograd raises if a saved copy was overwritten). Logits
+            that are a leaf requiring grad, or a view of one, are refused (RuntimeError), as
+            torch refuses in-place ops on them.
         check_target: on a GPU in eager mode, a target outside ``[0, V)`` that is not
             ``ignore_index`` raises a ValueError naming it. The kernel records the first bad
             row on the device; with ``True`` the host reads that record without waiting for the

@@ -310,6 +310,20 @@ def _refuse_weight_grad(weight, grad_mode=True):
         )
 
 
+def _refuse_user_leaf(logits, op):
+    """The in-place gradient mode overwrites the logits: refused, as torch refuses an in-place
+    op, for a leaf that requires grad or a view of one (a tensor the user holds, whose gradient
+    autograd accumulates into .grad)."""
+    base = logits._base if logits._base is not None else logits
+    if base.is_leaf and base.requires_grad:
+        what = "a leaf tensor" if base is logits else "a view of a leaf tensor"
+        raise RuntimeError(
+            f"{op}: logits is {what} that requires grad, which the in-place gradient mode would "
+            "overwrite with its gradient (torch refuses in-place ops on such tensors); pass "
+            "inplace_grad=False, or logits computed by an op (an lm_head's output)"
+        )
+
+
 def _lse_grad_error():
     return NotImplementedError(
         "fusedops.cross_entropy: gradients through the lse output are not supported (it is a statistic; "
@@ -430,6 +444,7 @@ def direct_inplace(logits, target, weight=None, ignore_index=-100, reduction="me
                    z_loss=0.0, softcap=None):
     """(loss, bad_target) of ``forward_(...)``: the gradient goes into the logits."""
     _refuse_weight_grad(weight)
+    _refuse_user_leaf(logits, "fusedops.cross_entropy(inplace_grad=True)")
     loss, _lse, bad = _apply_inplace(
         _unwrap(logits), target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
     )
@@ -444,6 +459,7 @@ def _inplace_autograd(logits, target, weight=None, ignore_index=-100, reduction=
     # The Autograd kernel of the in-place form: the same Function as the public function's.
     if torch.is_grad_enabled() and logits.requires_grad:
         _refuse_weight_grad(weight)
+        _refuse_user_leaf(logits, "fusedops::cross_entropy_")
         return _InplaceFunction.apply(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
     with _direct.BelowAutograd():
         out = forward_(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
