@@ -63,6 +63,20 @@ def test_triton_matches_cpu_kernels(info, dtype):
     assert _check_samples(info, dtype) > 0
 
 
+@pytest.mark.parametrize("info", OPS)
+def test_triton_kernels_refuse_bad_inputs(info):
+    """The Triton kernels' argument checks (Python) raise what the CPU kernels' (C++) raise, with
+    the same messages, for every bad input of the registry."""
+    pytest.importorskip("triton")
+    kernels = OP_MODULES[info.name].TRITON_IMPLS
+    for err in info.error_samples("cpu"):
+        if err.on_values:
+            continue  # (the GPU kernels check values on the device: tested on the GPU)
+        op = err.op or info.op
+        with pytest.raises(err.error, match=err.match):
+            kernels[op._schema.name.removeprefix("fusedops::")](*err.sample.args)
+
+
 NORMS = [
     pytest.param(info, id=info.name) for info in OP_TESTS if info.name in ("rms_norm", "layer_norm", "add_rms_norm")
 ]

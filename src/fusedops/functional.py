@@ -325,7 +325,9 @@ def rope_(
 ) -> Tuple[Tensor, Tensor]:
     """:func:`rope` for inference: rotates ``q`` and ``k`` in place (features past R are not
     touched) and returns them. No gradient: it raises if a tensor requires grad with grad mode
-    on. q and k must not have rows that share memory (an expanded tensor)."""
+    on. q and k must not have rows that share memory (an expanded tensor), nor share memory with
+    each other (the same tensor twice, or overlapping views; views of one fused QKV output are
+    fine)."""
     q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope_", q, k, cos, sin, layout, position_ids)
     gpu_check = _rope_position_check("rope_", q4, pos, check_positions)
     if direct_call_allowed():

@@ -285,6 +285,12 @@ inline ForwardOutputs add_forward_outputs(const AddProblem& p, bool in_place, co
     FUSEDOPS_CHECK(p.empty() || !rows_may_overlap(p.residual_rows, p.n), op,
                    ": residual has rows that share memory (an expanded tensor?), so it cannot be written in place; "
                    "pass a contiguous residual");
+  if (in_place)
+    // Elements written before another row reads them as input. (The same tensor as both is
+    // fine: each element is read before it is written, by the thread that writes it.)
+    FUSEDOPS_CHECK(overlap(p.input, p.residual) != Overlap::kPartial, op,
+                   ": residual and input share part of their memory (overlapping views of one buffer?), so residual "
+                   "cannot be updated in place; pass tensors that do not overlap");
   ForwardOutputs o = forward_outputs(p, false);
   if (in_place) {
     o.residual_out = p.residual;

@@ -295,6 +295,8 @@ Tensor rope_inplace(Tensor q, Tensor k, Tensor cos, Tensor sin, std::optional<Te
                  "so it cannot be written in place; pass a contiguous q");
   FUSEDOPS_CHECK(k.numel() == 0 || !may_overlap(k), "rope_: k has rows that share memory (an expanded tensor?), "
                  "so it cannot be written in place; pass a contiguous k");
+  FUSEDOPS_CHECK(overlap(q, k) == Overlap::kNone, "rope_: q and k share memory (the same tensor, or overlapping views), "
+                 "so they cannot both be rotated in place; pass tensors that do not overlap");
   Tensor bad = new_bad_position(p, q);
   if (p.empty()) return bad;
   // In place, into q and k themselves or (strided last dimension) into their copies, which are

@@ -54,4 +54,34 @@ inline bool may_overlap(const torch::stable::Tensor& t) {
   return false;
 }
 
+// How the memory of two tensors that a kernel reads and writes in place relates.
+enum class Overlap {
+  kNone,     // none, or not decidable (as torch: a tensor that is not dense)
+  kSame,     // the same elements in the same layout (one tensor passed twice)
+  kPartial,  // some elements shared otherwise
+};
+
+// Decided as torch decides it for in-place ops: a partial overlap only between dense tensors
+// (elements that fill the span from the first to the last, each once), whose spans of bytes then
+// intersect; views that interleave (two column halves of one buffer) are not dense, and pass.
+inline Overlap overlap(const torch::stable::Tensor& a, const torch::stable::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return Overlap::kNone;
+  const auto begin = [](const torch::stable::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); };
+  if (begin(a) == begin(b) && a.scalar_type() == b.scalar_type() && a.dim() == b.dim()) {
+    bool same = true;
+    for (int64_t d = 0; d < a.dim() && same; ++d) same = a.size(d) == b.size(d) && a.stride(d) == b.stride(d);
+    if (same) return Overlap::kSame;
+  }
+  // The end of t's span of bytes when t is dense, else 0.
+  const auto dense_end = [&](const torch::stable::Tensor& t) -> uintptr_t {
+    int64_t last = 0;  // the offset of the last element, in elements
+    for (int64_t d = 0; d < t.dim(); ++d) last += t.stride(d) * (t.size(d) - 1);
+    if (last + 1 != t.numel() || may_overlap(t)) return 0;
+    return begin(t) + uintptr_t(t.numel()) * uintptr_t(t.element_size());
+  };
+  const uintptr_t a_end = dense_end(a), b_end = dense_end(b);
+  if (a_end == 0 || b_end == 0) return Overlap::kNone;
+  return begin(a) < b_end && begin(b) < a_end ? Overlap::kPartial : Overlap::kNone;
+}
+
 }  // namespace fusedops

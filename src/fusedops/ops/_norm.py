@@ -122,6 +122,35 @@ def may_overlap(t):
     return False
 
 
+def overlap(a, b):
+    """How the memory of two tensors relates, as tensors.h's overlap decides it: "same" (the same
+    elements in the same layout), "partial" (some shared, decided only between dense tensors) or
+    None. None too where there are no addresses to compare: fake and meta tensors (the fake
+    kernels, under tracing) and other tensor subclasses."""
+    if a.numel() == 0 or b.numel() == 0:
+        return None
+    if not (_has_addresses(a) and _has_addresses(b)):
+        return None
+    if (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
+            and a.stride() == b.stride()):
+        return "same"
+
+    def dense_end(t):
+        last = sum(st * (n - 1) for n, st in zip(t.shape, t.stride()))
+        if last + 1 != t.numel() or may_overlap(t):
+            return None
+        return t.data_ptr() + t.numel() * t.element_size()
+
+    a_end, b_end = dense_end(a), dense_end(b)
+    if a_end is None or b_end is None:
+        return None
+    return "partial" if a.data_ptr() < b_end and b.data_ptr() < a_end else None
+
+
+def _has_addresses(t):
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta"
+
+
 def rows_may_overlap(t):
     """Whether rows of `t` (the last dimension contiguous) may share memory: sorted by stride,
     each leading dimension must step over everything inside it (norm.h's rule)."""
@@ -142,6 +171,11 @@ def check_add_forward(op, input, residual, weight, eps, offset, in_place=False):
         raise ValueError(
             f"{op}: residual has rows that share memory (an expanded tensor?), so it cannot be written in place; "
             "pass a contiguous residual"
+        )
+    if in_place and overlap(input, residual) == "partial":
+        raise ValueError(
+            f"{op}: residual and input share part of their memory (overlapping views of one buffer?), so residual "
+            "cannot be updated in place; pass tensors that do not overlap"
         )
 
 

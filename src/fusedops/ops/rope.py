@@ -149,6 +149,11 @@ def check_forward(q, k, cos, sin, position_ids=None, op="rope"):
                     f"rope_: {name} has rows that share memory (an expanded tensor?), so it cannot be written in "
                     f"place; pass a contiguous {name}"
                 )
+        if _norm.overlap(q, k) is not None:
+            raise ValueError(
+                "rope_: q and k share memory (the same tensor, or overlapping views), so they cannot both be "
+                "rotated in place; pass tensors that do not overlap"
+            )
 
 
 def check_backward(grad_q_out, grad_k_out, cos, sin, position_ids):

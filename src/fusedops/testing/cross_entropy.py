@@ -128,8 +128,8 @@ def error_samples(device):
     x = torch.randn(4, 10, device=device)
     t = torch.randint(0, 10, (4,), device=device)
 
-    def bad(args, match, desc, op=None):
-        return ErrorSample(Sample(args, desc), ValueError, match, op=op)
+    def bad(args, match, desc, op=None, on_values=False):
+        return ErrorSample(Sample(args, desc), ValueError, match, op=op, on_values=on_values)
 
     opts = (-100, "mean", 0.0, 0.0, None)
     yield bad((x, t.float(), None) + opts,
@@ -174,10 +174,10 @@ def error_samples(device):
     if device == "cpu":  # values are seen by the CPU kernel only (GPU: tests/test_cross_entropy.py)
         yield bad((x, torch.tensor([1, 2, 10, 3], device=device), None) + opts,
                   r"cross_entropy: target\[2\] = 10 is outside \[0, 10\) and is not ignore_index \(-100\)",
-                  "target too large")
+                  "target too large", on_values=True)
         yield bad((x.view(2, 2, 10), torch.tensor([[1, 2], [-1, 3]], device=device, dtype=torch.int32), None) + opts,
                   r"cross_entropy: target\[1, 0\] = -1 is outside \[0, 10\) and is not ignore_index \(-100\)",
-                  "negative target")
+                  "negative target", on_values=True)
     # The in-place form checks under its own name and refuses what it cannot write into.
     yield bad((x, t[:3], None) + opts, r"cross_entropy_: target shape \[3\] does not match", "in-place target shape",
               op=_op.forward_)

@@ -134,8 +134,8 @@ def error_samples(device):
     q, k = torch.randn(2, 4, 5, 8, device=device), torch.randn(2, 2, 5, 8, device=device)
     c, s = torch.randn(1, 5, 8, device=device), torch.randn(1, 5, 8, device=device)
 
-    def bad(args, match, desc, op=None):
-        return ErrorSample(Sample(args, desc), ValueError, match, op=op)
+    def bad(args, match, desc, op=None, on_values=False):
+        return ErrorSample(Sample(args, desc), ValueError, match, op=op, on_values=on_values)
 
     yield bad((torch.randn(2, 6, 5, 8, device=device), k.repeat(1, 2, 1, 1), c, s),
               r"rope: q has 6 heads, which is not a multiple of k's 4 heads \(grouped-query attention\)", "GQA heads")
@@ -183,15 +183,20 @@ def error_samples(device):
               r"rope: position_ids is on (meta|cpu) but q is on", "position device")
     if device == "cpu":  # values are seen by the CPU kernel only (GPU: tests/test_rope.py)
         yield bad((q, k, table, table, torch.tensor([[0, 1, 2, 16, 3]], device=device)),
-                  r"rope: position_ids\[0, 3\] = 16 is outside the cos/sin tables' 16 rows", "position too large")
+                  r"rope: position_ids\[0, 3\] = 16 is outside the cos/sin tables' 16 rows", "position too large", on_values=True)
         yield bad((q, k, table, table, torch.tensor([[0, 1, -1, 2, 3]], device=device, dtype=torch.int32)),
-                  r"rope: position_ids\[0, 2\] = -1 is outside the cos/sin tables' 16 rows", "negative position")
+                  r"rope: position_ids\[0, 2\] = -1 is outside the cos/sin tables' 16 rows", "negative position", on_values=True)
     # The in-place form checks the same way, under its own name, and refuses expanded rows.
     yield bad((torch.randn(2, 6, 5, 8, device=device), k.repeat(1, 2, 1, 1), c, s),
               r"rope_: q has 6 heads, which is not a multiple of k's 4 heads", "in-place GQA heads", op=_op.forward_)
     yield bad((torch.randn(1, 4, 5, 8, device=device).expand(2, 4, 5, 8), k, c, s),
               r"rope_: q has rows that share memory \(an expanded tensor\?\), so it cannot be written in place",
               "in-place expanded q", op=_op.forward_)
+    if device != "meta":  # (a fake tensor has no address: the fake kernel cannot tell these apart)
+        buf = torch.randn(2 * 4 * 5 * 8 + 40, device=device)
+        for q_, k_, desc in ((q, q, "q is k"), (buf[:320].view(2, 4, 5, 8), buf[40:].view(2, 4, 5, 8), "q overlaps k")):
+            yield bad((q_, k_, c, s), r"rope_: q and k share memory \(the same tensor, or overlapping views\), so they "
+                      r"cannot both be rotated in place", "in-place " + desc, op=_op.forward_)
     # The backward op checks the gradients against each other and the tables.
     bwd = _op.backward
     for args, match, desc in [
