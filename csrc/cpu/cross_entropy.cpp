@@ -8,8 +8,13 @@
 // writes the gradient; a row of the shapes that matter (32000 fp32 values, 128 KiB) stays in L2
 // between the sweeps, so the logits come from memory once. The loops are simd loops (exp is the
 // branch-free polynomial of cpu_gated.h, so that it vectorises), compiled per instruction set
-// (cpu_isa.h). Per-row losses
-// are added in row order afterwards: the result does not depend on the thread count.
+// (cpu_isa.h). Per-row losses are added in row order afterwards: the result does not depend on
+// the thread count.
+//
+// Nothing is subtracted from lse = max + log(sum) once rounded: lse - x_t is taken as log(sum) -
+// (x_t - max) and p_j as exp((x_j - max) - log(sum)), and the smoothing term's sum of w_j x_j
+// is kept in float64, so that logits of large magnitude keep their precision, as torch's do (with
+// lse rounded first, rows of values near 1e8 lost the loss entirely: float32's spacing there is 8).
 #include <torch/csrc/stable/library.h>
 
 #include <algorithm>
@@ -64,12 +69,13 @@ constexpr int64_t kChunk = 2048;
 
 template <bool kSoftcap, bool kWeighted, bool kSmooth, typename T, typename W>
 FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, acc_t<T>& m_out, acc_t<T>& s_out,
-                                         acc_t<T>& wx_out) {
+                                         double& wx_out) {
   using A = acc_t<T>;
   const int64_t V = a.V;
   constexpr A kNegInf = -std::numeric_limits<A>::infinity();
   alignas(64) A buf[kChunk];
-  A m = kNegInf, s = 0, wx = 0;
+  A m = kNegInf, s = 0;
+  double wx = 0;
   for (int64_t c0 = 0; c0 < V; c0 += kChunk) {
     const int64_t n = std::min(kChunk, V - c0);
     const T* xc = x + c0;
@@ -84,7 +90,8 @@ FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, acc_t<
       s = m == kNegInf ? A(0) : s * exp_acc(m - cm);
       m = cm;
     }
-    A cs = 0, cwx = 0;
+    A cs = 0;
+    double cwx = 0;
     if (m != kNegInf) {  // (all -inf so far: nothing to add; exp(-inf - -inf) would be NaN)
 #pragma omp simd reduction(+ : cs)
       for (int64_t j = 0; j < n; ++j) cs += exp_acc(buf[j] - m);
@@ -93,9 +100,9 @@ FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, acc_t<
 #pragma omp simd reduction(+ : cwx)
       for (int64_t j = 0; j < n; ++j) {
         if constexpr (kWeighted) {
-          cwx += A(to_acc(a.weight[c0 + j])) * buf[j];
+          cwx += double(to_acc(a.weight[c0 + j])) * double(buf[j]);
         } else {
-          cwx += buf[j];
+          cwx += double(buf[j]);
         }
       }
     }
@@ -107,16 +114,18 @@ FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, acc_t<
   wx_out = wx;
 }
 
-// g_j = (p_j * cp - cw * w_j) * softcap'(x_j); the target's element is corrected by the caller.
+// g_j = (p_j * cp - cw * w_j) * softcap'(x_j), p_j = exp((x_j - m) - ls) with m the row's
+// maximum and ls the log of its sum of exp(x - m); the target's element is corrected by the
+// caller.
 template <bool kSoftcap, bool kWeighted, bool kSmooth, typename T, typename W>
-FUSEDOPS_CPU_MULTIVERSION void row_grad(const Args<T, W>& a, const T* x, T* g, acc_t<T> lse, acc_t<T> cp,
-                                        acc_t<T> cw) {
+FUSEDOPS_CPU_MULTIVERSION void row_grad(const Args<T, W>& a, const T* x, T* g, acc_t<T> m, acc_t<T> ls,
+                                        acc_t<T> cp, acc_t<T> cw) {
   using A = acc_t<T>;
   const int64_t V = a.V;
 #pragma omp simd
   for (int64_t j = 0; j < V; ++j) {
     const A v = value<kSoftcap>(x[j], a.softcap);
-    A d = exp_acc(v - lse) * cp;
+    A d = exp_acc((v - m) - ls) * cp;
     if constexpr (kSmooth && kWeighted) {
       d -= cw * A(to_acc(a.weight[j]));
     } else if constexpr (kSmooth) {
@@ -172,11 +181,14 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
   a.softcap = A(p.softcap);
   a.eps = A(p.label_smoothing);
   a.z = A(p.z_loss);
-  A W_sum = A(p.V);
+  // (in float64: the smoothing term multiplies it by the row's maximum, then takes the sum of
+  // w_j x_j away; both must carry the same weights to cancel)
+  double W_sum_d = double(p.V);
   if (a.weight != nullptr) {
-    W_sum = 0;
-    for (int64_t j = 0; j < p.V; ++j) W_sum += A(to_acc(a.weight[j]));
+    W_sum_d = 0;
+    for (int64_t j = 0; j < p.V; ++j) W_sum_d += double(to_acc(a.weight[j]));
   }
+  const A W_sum = A(W_sum_d);
   a.W_sum = W_sum;
   if (p.reduction == Reduction::kMean) {
     A dw = 0, dn = 0;
@@ -205,7 +217,8 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
         continue;
       }
       const T* x = a.x + a.rows.offset(i);
-      A m, s, wx;
+      A m, s;
+      double wx;
       if (!smooth) {
         softcap ? row_stats<true, false, false>(a, x, m, s, wx) : row_stats<false, false, false>(a, x, m, s, wx);
       } else if (softcap) {
@@ -213,14 +226,16 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
       } else {
         weighted ? row_stats<false, true, true>(a, x, m, s, wx) : row_stats<false, false, true>(a, x, m, s, wx);
       }
-      const A lse = m + std::log(s);
+      const A ls = std::log(s);
+      const A lse = m + ls;
       const A xt = value<false>(x[t], a.softcap);
       const A xt_c = softcap ? a.softcap * std::tanh(xt / a.softcap) : xt;
       const A wt = weighted ? A(to_acc(a.weight[t])) : A(1);
       const A inv_v = A(1) / A(p.V);
-      // (the smoothing term only when smoothing: with -inf logits it is 0 * inf)
-      A ce = (A(1) - a.eps) * wt * (lse - xt_c);
-      if (a.eps > A(0)) ce += a.eps * inv_v * (W_sum * lse - wx);
+      // lse - x_t and W lse - sum w_j x_j, each taken without rounding lse first (see the
+      // header); the smoothing term only when smoothing (with -inf logits it is 0 * inf).
+      A ce = (A(1) - a.eps) * wt * (ls - (xt_c - m));
+      if (a.eps > A(0)) ce += a.eps * inv_v * A(W_sum_d * (double(m) + double(ls)) - wx);
       const A zl = a.z * lse * lse;
       lse_out[i] = lse;
       loss_rows[i] = p.reduction == Reduction::kMean ? ce * a.sw + zl * a.sn : ce + zl;
@@ -229,14 +244,16 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
       const A ct = (A(1) - a.eps) * wt * a.sw;
       const A cw = a.eps * inv_v * a.sw;
       if (!smooth) {
-        softcap ? row_grad<true, false, false>(a, x, g, lse, cp, cw) : row_grad<false, false, false>(a, x, g, lse, cp, cw);
+        softcap ? row_grad<true, false, false>(a, x, g, m, ls, cp, cw)
+                : row_grad<false, false, false>(a, x, g, m, ls, cp, cw);
       } else if (softcap) {
-        weighted ? row_grad<true, true, true>(a, x, g, lse, cp, cw) : row_grad<true, false, true>(a, x, g, lse, cp, cw);
+        weighted ? row_grad<true, true, true>(a, x, g, m, ls, cp, cw) : row_grad<true, false, true>(a, x, g, m, ls, cp, cw);
       } else {
-        weighted ? row_grad<false, true, true>(a, x, g, lse, cp, cw) : row_grad<false, false, true>(a, x, g, lse, cp, cw);
+        weighted ? row_grad<false, true, true>(a, x, g, m, ls, cp, cw)
+                 : row_grad<false, false, true>(a, x, g, m, ls, cp, cw);
       }
       // The target's element, once more with its own term (g may be x itself: use xt_c).
-      A d = exp_acc(xt_c - lse) * cp - ct - cw * wt;
+      A d = exp_acc((xt_c - m) - ls) * cp - ct - cw * wt;
       if (softcap) {
         const A u = xt_c / a.softcap;
         d *= A(1) - u * u;
@@ -310,7 +327,8 @@ void slice_typed(const SliceProblem& s, bool grad) {
         constexpr int k = decltype(kind)::value;
         constexpr bool kCap = (k & 0b100) != 0, kW = (k & 0b010) != 0, kS = (k & 0b001) != 0;
         if (!grad) {
-          A m, sum, wx;
+          A m, sum;
+          double wx;
           row_stats<kCap, kW, kS>(a, x, m, sum, wx);
           if (m > r[0]) {
             r[1] = (r[0] == kNegInf ? A(0) : r[1] * exp_acc(r[0] - m)) + sum;
@@ -318,9 +336,9 @@ void slice_typed(const SliceProblem& s, bool grad) {
           } else if (m != kNegInf) {
             r[1] += sum * exp_acc(m - r[0]);  // (a NaN maximum is carried by the sum, as row_stats does)
           }
-          if constexpr (kS) r[2] += wx;
+          if constexpr (kS) r[2] += A(wx);
         } else {
-          row_grad<kCap, kW, kS>(a, x, x, r[0], r[1], r[3]);
+          row_grad<kCap, kW, kS>(a, x, x, r[0], A(0), r[1], r[3]);  // (coefs hold lse whole)
         }
       });
       if (!holds_target) continue;
