@@ -486,7 +486,11 @@ for name, p in ref.named_parameters():
     got = dict(mod.named_parameters())[name].grad.full_tensor()
     torch.testing.assert_close(got, p.grad, atol=1e-6, rtol=1e-5, msg=name)
 dist.destroy_process_group()
-print("ok", rank)
+print("ok", rank, flush=True)
+# Out without the interpreter's teardown: there torch 2.13's gloo process group aborts now and
+# then ("terminate called without an active exception", a thread destroyed while joinable), with
+# or without fusedops loaded: 6 of 120 ranks on the CI machine. Everything is checked by now.
+os._exit(0)
 """
 
 
