@@ -132,8 +132,12 @@ _lib = torch.library.Library("fusedops", "IMPL")
 
 
 def _autocast(input, weight, bias, eps):
+    # A weight and bias of two dtypes are refused by the op whatever the rule: left as the user
+    # passed them, so that the error names their dtypes rather than a cast one's.
+    if weight is None or bias is None or weight.dtype == bias.dtype:
+        weight, bias = _norm.autocast_param(input, weight), _norm.autocast_param(input, bias)
     with torch._C._ExcludeDispatchKeyGuard(_norm.AUTOCAST_KEYS):
-        return forward(input, _norm.autocast_param(input, weight), _norm.autocast_param(input, bias), eps)
+        return forward(input, weight, bias, eps)
 
 
 _lib.impl("layer_norm", _autocast, "AutocastCPU")

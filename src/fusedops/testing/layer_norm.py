@@ -106,6 +106,16 @@ def check_autocast(device):
         if pdt not in (xdt, torch.float32):
             w, b = w.to(xdt), b.to(xdt)
         torch.testing.assert_close(y, fusedops.layer_norm(x, w, b), atol=0, rtol=0)
+    # A weight and bias of two dtypes stay as passed: the op's error names the user's dtypes.
+    x = torch.randn(8, 64, dtype=torch.bfloat16, device=device)
+    w, b = torch.randn(64, dtype=torch.float64, device=device), torch.randn(64, device=device)
+    try:
+        with torch.autocast(device_type=device, dtype=amp):
+            fusedops.layer_norm(x, w, b)
+    except ValueError as e:
+        assert "layer_norm: weight dtype float64 does not go with input dtype bfloat16" in str(e), e
+    else:
+        raise AssertionError("a float64 weight with a float32 bias under autocast was not refused")
 
 
 def backward_args(sample, outputs, grad_output):
