@@ -95,3 +95,28 @@ def test_norm_long_row_kernels(info, dtype, monkeypatch):
     for knob in ("_FWD_FUSED_MAX_N", "_BWD_FUSED_MAX_N", "_BWD_FUSED_MAX_N_WITH_DB", "_LOOP_BLOCK_N"):
         monkeypatch.setattr(_norm, knob, 8)
     assert _check_samples(info, dtype, min_row=9, max_numel=400) > 0
+
+
+@pytest.mark.parametrize("info", NORMS)
+def test_norm_backward_takes_strided_statistics(info):
+    """The backward ops take rstd (and mean) with any strides, as the CPU kernels do: here every
+    other element of a larger tensor."""
+    pytest.importorskip("triton")
+    kernels = OP_MODULES[info.name].TRITON_IMPLS
+    backward_op = info.backward_ops[0]
+    checked = 0
+    for sample in info.samples("cpu", torch.float32, requires_grad=False):
+        x = sample.args[0]
+        if x.numel() > 2048 or x.ndim != 2 or x.shape[0] < 2 or x.shape[1] == 0:
+            continue
+        outputs = outputs_of(info.op(*sample.args))
+        args = list(info.backward_args(sample, outputs, torch.randn_like(outputs[0])))
+        for i, a in enumerate(args):  # the row statistics: float32 tensors of the rows' shape
+            if isinstance(a, torch.Tensor) and a.shape == x.shape[:-1] and a.dtype == torch.float32:
+                args[i] = torch.stack([a, torch.full_like(a, float("nan"))], -1)[..., 0]
+                assert not args[i].is_contiguous()
+        expected = outputs_of(backward_op(*args))
+        got = outputs_of(kernels[backward_op._schema.name.removeprefix("fusedops::")](*args))
+        _assert_all_close(got, expected, info.grad_tol[torch.float32], sample.desc, scaled=True)
+        checked += 1
+    assert checked > 0

@@ -1003,9 +1003,11 @@ def backward(
         gres, gres_layout = x, _NO_ROWS  # never read
     # grad_input doubles as the (never written) dummy.
     dres = grad_input if grad_residual is None else grad_residual
-    rstd_flat = rstd.reshape(-1)  # normally contiguous already: a view
+    # The kernels index the statistics by row: contiguous ones (what the forward returns, a view
+    # then), or a copy of any other (a strided rstd passed to the backward op by hand).
+    rstd_flat = rstd.reshape(-1).contiguous()
     # rstd_flat doubles as the (never read) dummy for rms_norm's mean.
-    mean_flat = rstd_flat if mean is None else mean.reshape(-1)
+    mean_flat = rstd_flat if mean is None else mean.reshape(-1).contiguous()
     w = _param_arg(weight, x)
     offset_hi, offset_lo = _split_scalar(float(offset))
     flags = {
