@@ -247,7 +247,8 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
         softcap ? row_grad<true, false, false>(a, x, g, m, ls, cp, cw)
                 : row_grad<false, false, false>(a, x, g, m, ls, cp, cw);
       } else if (softcap) {
-        weighted ? row_grad<true, true, true>(a, x, g, m, ls, cp, cw) : row_grad<true, false, true>(a, x, g, m, ls, cp, cw);
+        weighted ? row_grad<true, true, true>(a, x, g, m, ls, cp, cw)
+                 : row_grad<true, false, true>(a, x, g, m, ls, cp, cw);
       } else {
         weighted ? row_grad<false, true, true>(a, x, g, m, ls, cp, cw)
                  : row_grad<false, false, true>(a, x, g, m, ls, cp, cw);

@@ -81,27 +81,6 @@ inline std::string dims_str(const Tensor& t) {
 
 inline bool is_narrow(ScalarType t) { return t == ScalarType::BFloat16 || t == ScalarType::Half; }
 
-// c10's is_non_overlapping_and_dense, which torch.empty_like and the fake kernels use too.
-inline bool non_overlapping_and_dense(const Tensor& t) {
-  const int64_t n = t.dim();
-  if (n == 1) return t.size(0) < 2 || t.stride(0) == 1;
-  std::vector<int64_t> perm(n);
-  for (int64_t d = 0; d < n; ++d) perm[d] = d;
-  std::sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) {
-    if (t.size(a) < 2) return false;
-    if (t.size(b) < 2) return true;
-    return t.stride(a) < t.stride(b);
-  });
-  int64_t required = 1;
-  for (int64_t d : perm) {
-    const int64_t size = t.size(d);
-    if (size < 2) return true;
-    if (t.stride(d) != required) return false;
-    required *= size;
-  }
-  return true;
-}
-
 // The output for input `t`: `t`'s strides when it is dense with a unit-stride last dimension
 // (so a bshd or thd input's output has that layout again), else contiguous. ops/rope.py's fake
 // kernels follow the same rule.

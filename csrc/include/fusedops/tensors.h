@@ -54,6 +54,27 @@ inline bool may_overlap(const torch::stable::Tensor& t) {
   return false;
 }
 
+// c10's is_non_overlapping_and_dense, which torch.empty_like and the fake kernels use too.
+inline bool non_overlapping_and_dense(const torch::stable::Tensor& t) {
+  const int64_t n = t.dim();
+  if (n == 1) return t.size(0) < 2 || t.stride(0) == 1;
+  std::vector<int64_t> perm(n);
+  for (int64_t d = 0; d < n; ++d) perm[d] = d;
+  std::sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) {
+    if (t.size(a) < 2) return false;
+    if (t.size(b) < 2) return true;
+    return t.stride(a) < t.stride(b);
+  });
+  int64_t required = 1;
+  for (int64_t d : perm) {
+    const int64_t size = t.size(d);
+    if (size < 2) return true;
+    if (t.stride(d) != required) return false;
+    required *= size;
+  }
+  return true;
+}
+
 // How the memory of two tensors that a kernel reads and writes in place relates.
 enum class Overlap {
   kNone,     // none, or not decidable (as torch: a tensor that is not dense)
@@ -61,9 +82,9 @@ enum class Overlap {
   kPartial,  // some elements shared otherwise
 };
 
-// Decided as torch decides it for in-place ops: a partial overlap only between dense tensors
-// (elements that fill the span from the first to the last, each once), whose spans of bytes then
-// intersect; views that interleave (two column halves of one buffer) are not dense, and pass.
+// Decided as torch decides it for in-place ops: a partial overlap only between tensors that are
+// non-overlapping and dense, whose spans of bytes then intersect; views that interleave (two
+// column halves of one buffer) are not dense, and pass.
 inline Overlap overlap(const torch::stable::Tensor& a, const torch::stable::Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0) return Overlap::kNone;
   const auto begin = [](const torch::stable::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); };
@@ -72,16 +93,10 @@ inline Overlap overlap(const torch::stable::Tensor& a, const torch::stable::Tens
     for (int64_t d = 0; d < a.dim() && same; ++d) same = a.size(d) == b.size(d) && a.stride(d) == b.stride(d);
     if (same) return Overlap::kSame;
   }
-  // The end of t's span of bytes when t is dense, else 0.
-  const auto dense_end = [&](const torch::stable::Tensor& t) -> uintptr_t {
-    int64_t last = 0;  // the offset of the last element, in elements
-    for (int64_t d = 0; d < t.dim(); ++d) last += t.stride(d) * (t.size(d) - 1);
-    if (last + 1 != t.numel() || may_overlap(t)) return 0;
-    return begin(t) + uintptr_t(t.numel()) * uintptr_t(t.element_size());
-  };
-  const uintptr_t a_end = dense_end(a), b_end = dense_end(b);
-  if (a_end == 0 || b_end == 0) return Overlap::kNone;
-  return begin(a) < b_end && begin(b) < a_end ? Overlap::kPartial : Overlap::kNone;
+  if (!non_overlapping_and_dense(a) || !non_overlapping_and_dense(b)) return Overlap::kNone;
+  // Dense: the elements fill numel() slots from the first one.
+  const auto end = [&](const torch::stable::Tensor& t) { return begin(t) + uintptr_t(t.numel() * t.element_size()); };
+  return begin(a) < end(b) && begin(b) < end(a) ? Overlap::kPartial : Overlap::kNone;
 }
 
 }  // namespace fusedops

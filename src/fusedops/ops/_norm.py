@@ -122,9 +122,31 @@ def may_overlap(t):
     return False
 
 
+def non_overlapping_and_dense(t, shape=None, stride=None):
+    """c10's is_non_overlapping_and_dense (tensors.h's copy of it), decided exactly, guarding on
+    symbolic sizes where it must (torch's Python version answers False when unsure, which would
+    give the fake kernel other strides than the real one). `shape` and `stride`: t's, if the
+    caller has them."""
+    shape = t.shape if shape is None else shape
+    stride = t.stride() if stride is None else stride
+    if len(shape) == 1:
+        return shape[0] < 2 or stride[0] == 1
+    small = [bool(n < 2) for n in shape]
+    dims = sorted(range(len(shape)), key=lambda d: (small[d], 0 if small[d] else stride[d]))
+    required = 1
+    for d in dims:
+        if small[d]:
+            return True
+        if stride[d] != required:
+            return False
+        required *= shape[d]
+    return True
+
+
 def overlap(a, b):
     """How the memory of two tensors relates, as tensors.h's overlap decides it: "same" (the same
-    elements in the same layout), "partial" (some shared, decided only between dense tensors) or
+    elements in the same layout), "partial" (some shared, decided only between non-overlapping
+    and dense tensors) or
     None. None too where there are no addresses to compare: fake and meta tensors (the fake
     kernels, under tracing) and other tensor subclasses."""
     if a.numel() == 0 or b.numel() == 0:
@@ -135,15 +157,10 @@ def overlap(a, b):
             and a.stride() == b.stride()):
         return "same"
 
-    def dense_end(t):
-        last = sum(st * (n - 1) for n, st in zip(t.shape, t.stride()))
-        if last + 1 != t.numel() or may_overlap(t):
-            return None
-        return t.data_ptr() + t.numel() * t.element_size()
-
-    a_end, b_end = dense_end(a), dense_end(b)
-    if a_end is None or b_end is None:
+    if not (non_overlapping_and_dense(a) and non_overlapping_and_dense(b)):
         return None
+    # Dense: the elements fill numel() slots from the first one.
+    a_end, b_end = (t.data_ptr() + t.numel() * t.element_size() for t in (a, b))
     return "partial" if a.data_ptr() < b_end and b.data_ptr() < a_end else None
 
 

@@ -184,29 +184,8 @@ def position_message(op, position_ids, rows):
 # ---- fake kernels ----------------------------------------------------------------------------
 
 
-def non_overlapping_and_dense(t, shape=None, stride=None):
-    """c10's is_non_overlapping_and_dense (rope.h's copy of it), decided exactly, guarding on
-    symbolic sizes where it must (torch's Python version answers False when unsure, which would
-    give the fake kernel other strides than the real one). `shape` and `stride`: t's, if the
-    caller has them."""
-    shape = t.shape if shape is None else shape
-    stride = t.stride() if stride is None else stride
-    if len(shape) == 1:
-        return shape[0] < 2 or stride[0] == 1
-    small = [bool(n < 2) for n in shape]
-    dims = sorted(range(len(shape)), key=lambda d: (small[d], 0 if small[d] else stride[d]))
-    required = 1
-    for d in dims:
-        if small[d]:
-            return True
-        if stride[d] != required:
-            return False
-        required *= shape[d]
-    return True
-
-
 def _keeps_strides(shape, stride, t):
-    return (shape[-1] <= 1 or stride[-1] == 1) and non_overlapping_and_dense(t, shape, stride)
+    return (shape[-1] <= 1 or stride[-1] == 1) and _norm.non_overlapping_and_dense(t, shape, stride)
 
 
 def output_like(t):

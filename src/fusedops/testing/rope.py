@@ -183,9 +183,11 @@ def error_samples(device):
               r"rope: position_ids is on (meta|cpu) but q is on", "position device")
     if device == "cpu":  # values are seen by the CPU kernel only (GPU: tests/test_rope.py)
         yield bad((q, k, table, table, torch.tensor([[0, 1, 2, 16, 3]], device=device)),
-                  r"rope: position_ids\[0, 3\] = 16 is outside the cos/sin tables' 16 rows", "position too large", on_values=True)
+                  r"rope: position_ids\[0, 3\] = 16 is outside the cos/sin tables' 16 rows",
+                  "position too large", on_values=True)
         yield bad((q, k, table, table, torch.tensor([[0, 1, -1, 2, 3]], device=device, dtype=torch.int32)),
-                  r"rope: position_ids\[0, 2\] = -1 is outside the cos/sin tables' 16 rows", "negative position", on_values=True)
+                  r"rope: position_ids\[0, 2\] = -1 is outside the cos/sin tables' 16 rows",
+                  "negative position", on_values=True)
     # The in-place form checks the same way, under its own name, and refuses expanded rows.
     yield bad((torch.randn(2, 6, 5, 8, device=device), k.repeat(1, 2, 1, 1), c, s),
               r"rope_: q has 6 heads, which is not a multiple of k's 4 heads", "in-place GQA heads", op=_op.forward_)
