@@ -11,7 +11,7 @@
 //    512 threads (or, for wide rows on sm_90, a thread-block cluster of up to 8 of them, with
 //    the row split between the blocks) keeps the row in registers, VPT 16-byte vectors a thread
 //    (as stored: 8 bf16 values in 4 registers). Each thread reduces its values to (max, sum of
-//    exp relative to that max, sum of w_j x_j); warps, then the block, then the cluster (through
+//    exp relative to that max, and for label smoothing sum of w_j (max - x_j), sum of w_j); warps, then the block, then the cluster (through
 //    distributed shared memory, cuda_norm.cuh's machinery) combine those in a fixed order, so
 //    every thread ends with the same row statistics, bit for bit. The gradient is then written
 //    from the registers with 16-byte stores. Up to 8 x 512 x 8 vectors: 262144 bf16/fp16 or
@@ -63,6 +63,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxCluster = 8;
 constexpr int kTargetThreads = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 template <typename A>
 struct Args {
@@ -82,6 +83,17 @@ struct Args {
   bool mean, softcap, weighted, smoothing;
   A eps, z, cap, inv_cap, inv_v;  // (reciprocals from the host: no division in the kernels)
 };
+
+// The options a register kernel is compiled for: none; label smoothing without class weights
+// or softcap (the common training setting, which stays on the fast path at one more add a
+// value); or any (softcap, class-weighted smoothing).
+enum class Opts { kNone, kSmooth, kAll };
+
+template <typename A>
+Opts options_of(const Args<A>& a) {
+  if (a.softcap || (a.smoothing && a.weighted)) return Opts::kAll;
+  return a.smoothing ? Opts::kSmooth : Opts::kNone;
+}
 
 // 2^x in one MUFU instruction (denormal results flush to 0, which no sum of exponentials here
 // notices): exp2f's range fix-ups cost more instructions than the rest of a column's work.
@@ -146,71 +158,130 @@ __device__ __forceinline__ int64_t target_at(const void* t, bool t32, int64_t i)
   return t32 ? int64_t(static_cast<const int32_t*>(t)[i]) : static_cast<const int64_t*>(t)[i];
 }
 
-// Combines (m, s, wx) over the 32 lanes of a warp: the maximum first, then each lane's sum
-// rescaled to it and the sums added, all by butterflies, so every lane ends with the same bits
-// (each step adds the same two values on both lanes; the rescaling product is not fused into
-// the sums). Three values need 15 shuffles and one exponential a lane, where combining the
-// triples pairwise took two exponentials a step.
+// A share's statistics (a thread's values, then a warp's, a block's, a cluster's, the row's):
+// the maximum m, the sum of exp(x_j - m), and, for label smoothing, wx = sum of w_j (m - x_j)
+// and w = sum of w_j. The smoothing sum is kept relative to m as the exponentials are: a plain
+// sum of w_j x_j loses float32's precision for logits far from 0 (at 1e7 its spacing is 512, the
+// loss wants W lse - sum w_j x_j to 1e-6), while these terms are never negative, so their sum
+// keeps its relative precision whatever the logits.
 template <typename A>
-__device__ __forceinline__ void warp_combine(A& m, A& s, A& wx) {
-  A mm = m;
+struct Stats {
+  A m, s, wx, w;
+};
+
+// m - x, and +inf for x = -inf even where m is -inf too (a share of -inf logits): such a logit's
+// smoothing term is w_j * inf, as torch's.
+template <typename A>
+__device__ __forceinline__ A below(A m, A x) {
+  return x == neg_inf<A>() ? -neg_inf<A>() : m - x;
+}
+
+// The share's statistics relative to a maximum mm >= st.m: the exponentials scaled by
+// exp(st.m - mm), every value (mm - st.m) further below. (No weight, nothing to move: an empty
+// share's m is -inf.)
+template <bool kSmooth, typename A>
+__device__ __forceinline__ void rebase(Stats<A>& st, A mm) {
+  if (st.m == mm) return;
+  st.s *= a_exp(st.m - mm);  // (st.m = -inf: s is 0, and exp(-inf) is 0)
+  if (kSmooth && st.w != A(0)) st.wx += st.w * (mm - st.m);
+  st.m = mm;
+}
+
+// Adds share o into st.
+template <bool kSmooth, typename A>
+__device__ __forceinline__ void merge(Stats<A>& st, Stats<A> o) {
+  const A mm = o.m > st.m ? o.m : st.m;
+  rebase<kSmooth>(st, mm);
+  rebase<kSmooth>(o, mm);
+  st.s += o.s;
+  if (kSmooth) {
+    st.wx += o.wx;
+    st.w += o.w;
+  }
+}
+
+// Combines the statistics over the 32 lanes of a warp: the maximum first, then each lane's
+// rebased to it and the sums added, all by butterflies, so every lane ends with the same bits
+// (each step adds the same two values on both lanes; the rescaling product is not fused into
+// the sums). kSmooth: wx and w too (without label smoothing they are 0 and not exchanged).
+template <bool kSmooth, typename A>
+__device__ __forceinline__ void warp_combine(Stats<A>& st) {
+  A mm = st.m;
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     const A o = __shfl_xor_sync(0xffffffffu, mm, offset);
     mm = o > mm ? o : mm;
   }
-  if (m != mm) s *= a_exp(m - mm);  // (mm = -inf: every m is -inf and every s 0)
-  m = mm;
+  rebase<kSmooth>(st, mm);  // (mm = -inf: every m is -inf and every s 0)
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
-    s = add_rn(s, __shfl_xor_sync(0xffffffffu, s, offset));
-    wx = add_rn(wx, __shfl_xor_sync(0xffffffffu, wx, offset));
+    st.s = add_rn(st.s, __shfl_xor_sync(0xffffffffu, st.s, offset));
+    if (kSmooth) {
+      st.wx = add_rn(st.wx, __shfl_xor_sync(0xffffffffu, st.wx, offset));
+      st.w = add_rn(st.w, __shfl_xor_sync(0xffffffffu, st.w, offset));
+    }
   }
 }
 
 // Combines every thread's statistics over the block and, given the inbox of a cluster's block
 // (cluster_inbox_init called), over the cluster: afterwards every thread holds the row's,
-// identical bit for bit. `sh` holds 3 * kWarps values plus the cluster's 3.
-constexpr int kShared = 3 * kWarps + 3;
+// identical bit for bit. `sh` holds 4 * kWarps values plus the cluster's 4.
+constexpr int kShared = 4 * kWarps + 4;
 
-template <typename A>
-__device__ __forceinline__ void row_combine(A& m, A& s, A& wx, A* sh, ClusterInbox<A, 3>* box) {
-  warp_combine(m, s, wx);
+template <typename A, bool kSmooth>
+using StatsInbox = ClusterInbox<A, kSmooth ? 4 : 2>;
+
+template <bool kSmooth, typename A>
+__device__ __forceinline__ void row_combine(Stats<A>& st, A* sh, StatsInbox<A, kSmooth>* box) {
+  constexpr int K = kSmooth ? 4 : 2;
+  warp_combine<kSmooth>(st);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
   if (lane == 0) {
-    sh[warp] = m;
-    sh[kWarps + warp] = s;
-    sh[2 * kWarps + warp] = wx;
+    sh[warp] = st.m;
+    sh[kWarps + warp] = st.s;
+    if (kSmooth) {
+      sh[2 * kWarps + warp] = st.wx;
+      sh[3 * kWarps + warp] = st.w;
+    }
   }
   __syncthreads();
   // Every warp combines the block's warps the same way (lane w holds warp w's; the other lanes
-  // the neutral (-inf, 0, 0)), so every thread ends with the same bits.
-  m = lane < warps ? sh[lane] : neg_inf<A>();
-  s = lane < warps ? sh[kWarps + lane] : A(0);
-  wx = lane < warps ? sh[2 * kWarps + lane] : A(0);
-  warp_combine(m, s, wx);
+  // the neutral (-inf, 0, 0, 0)), so every thread ends with the same bits.
+  const bool has = lane < warps;
+  st.m = has ? sh[lane] : neg_inf<A>();
+  st.s = has ? sh[kWarps + lane] : A(0);
+  if (kSmooth) {
+    st.wx = has ? sh[2 * kWarps + lane] : A(0);
+    st.w = has ? sh[3 * kWarps + lane] : A(0);
+  }
+  warp_combine<kSmooth>(st);
   if (box != nullptr) {
-    A* row = sh + 3 * kWarps;
+    A* row = sh + 4 * kWarps;
     cluster_wait();  // every block's inbox is ready
     if (warp == 0) {
-      const A mine[3] = {m, s, wx};
-      A got[3];
-      cluster_exchange(mine, got, *box, 0);  // lane r gets block r's
-      m = unsigned(lane) < cluster_blocks() ? got[0] : neg_inf<A>();
-      s = got[1];
-      wx = got[2];
-      warp_combine(m, s, wx);
+      A mine[K] = {st.m, st.s}, got[K];
+      if constexpr (kSmooth) {
+        mine[2] = st.wx;
+        mine[3] = st.w;
+      }
+      cluster_exchange(mine, got, *box, 0);  // lane r gets block r's (the other lanes zeros)
+      st.m = unsigned(lane) < cluster_blocks() ? got[0] : neg_inf<A>();
+      st.s = got[1];
+      if constexpr (kSmooth) {
+        st.wx = got[2];
+        st.w = got[3];
+      }
+      warp_combine<kSmooth>(st);
       if (lane == 0) {
-        row[0] = m;
-        row[1] = s;
-        row[2] = wx;
+        row[0] = st.m;
+        row[1] = st.s;
+        row[2] = st.wx;
+        row[3] = st.w;
       }
     }
     __syncthreads();
-    m = row[0];
-    s = row[1];
-    wx = row[2];
+    st = {row[0], row[1], row[2], row[3]};
   }
 }
 
@@ -221,10 +292,13 @@ __device__ __forceinline__ A target_logit(const Args<A>& a, const T* x, int64_t 
   return capped(A(to_acc(x[t >= 0 && t < a.V ? t : 0])), a);
 }
 
-// The row's loss and lse (written by one thread) and the gradient coefficients.
+// The gradient's coefficients: g_j = (exp(x_j - base) * scale - [j == t] ct - cw w_j) times
+// softcap'(x_j). A row's base is its maximum and scale is cp / (its sum of exp(x - max)), so
+// that no difference is taken from lse once rounded (float32's spacing at 1e4 is 1e-3);
+// linear_cross_entropy's slices pass lse and cp.
 template <typename T, typename A>
 struct RowCoefs {
-  A lse, cp, ct, cw;
+  A base, scale, ct, cw;
 };
 
 // What scales every row's loss and gradient: 1 / the mean's denominators (of the loss and of
@@ -244,21 +318,25 @@ __device__ __forceinline__ Scales<A> load_scales(const Args<A>& a) {
 
 template <typename T, typename A>
 __device__ __forceinline__ RowCoefs<T, A> finish_row(const Args<A>& a, const Scales<A>& sc, int64_t row, int64_t t,
-                                                     A m, A s, A wx, A xt, bool write) {
+                                                     const Stats<A>& st, A xt, bool write) {
   const bool valid = t >= 0 && t < a.V;
-  RowCoefs<T, A> c;
-  c.lse = m + a_log(s);
+  // lse - x_t = ls - (x_t - max) and W lse - sum w_j x_j = W ls + st.wx, with ls = lse - max:
+  // differences from the maximum, which keep their precision for logits of any magnitude.
+  const A ls = a_log(st.s), lse = st.m + ls;
   const A wt = valid ? (a.weighted ? weight_at<T>(a, t) : A(1)) : quiet_nan<A>();
   const A sw = sc.sw, sn = sc.sn, W = sc.W;
   const A inv_v = a.inv_v;
   if (write) {
-    A ce = (A(1) - a.eps) * wt * (c.lse - xt);
-    if (a.smoothing) ce += a.eps * inv_v * (W * c.lse - wx);
-    const A zl = a.z * c.lse * c.lse;
-    a.lse[row] = c.lse;
+    A ce = (A(1) - a.eps) * wt * (ls - (xt - st.m));
+    if (a.smoothing) ce += a.eps * inv_v * (W * ls + st.wx);
+    const A zl = a.z * lse * lse;
+    a.lse[row] = lse;
     a.rowloss[row] = a.mean ? ce * sw + zl * sn : ce + zl;
   }
-  c.cp = ((A(1) - a.eps) * wt + a.eps * W * inv_v) * sw + A(2) * a.z * c.lse * sn;
+  const A cp = ((A(1) - a.eps) * wt + a.eps * W * inv_v) * sw + A(2) * a.z * lse * sn;
+  RowCoefs<T, A> c;
+  c.base = st.m;
+  c.scale = cp * fusedops::norm::cuda::rcp_acc(st.s);
   c.ct = (A(1) - a.eps) * wt * sw;
   c.cw = a.eps * inv_v * sw;
   return c;
@@ -267,7 +345,7 @@ __device__ __forceinline__ RowCoefs<T, A> finish_row(const Args<A>& a, const Sca
 // d loss / d logit of element j holding (capped) value v.
 template <typename T, typename A>
 __device__ __forceinline__ A grad_at(const Args<A>& a, const RowCoefs<T, A>& c, A v, int64_t j, int64_t t) {
-  A d = a_exp(v - c.lse) * c.cp;
+  A d = a_exp(v - c.base) * c.scale;
   if (a.smoothing) d -= c.cw * (a.weighted ? weight_at<T>(a, j) : A(1));
   if (j == t) d -= c.ct;
   if (a.softcap) {
@@ -309,11 +387,16 @@ __device__ __forceinline__ P pair_bits(uint32_t w) {
 // below the logits' own precision. float32 logits of large magnitude (hundreds) would feel it
 // (2e-5 at 300): they subtract first, exactly when v is near m.
 template <typename T>
-__device__ __forceinline__ float exp_from(float v, float m, float mb) {
+__device__ __forceinline__ float exp_arg(float v, float m, float mb) {
   if constexpr (sizeof(T) == 2)
-    return ex2_approx(fmaf(v, kLog2e, -mb));
+    return fmaf(v, kLog2e, -mb);
   else
-    return ex2_approx((v - m) * kLog2e);
+    return (v - m) * kLog2e;
+}
+
+template <typename T>
+__device__ __forceinline__ float exp_from(float v, float m, float mb) {
+  return ex2_approx(exp_arg<T>(v, m, mb));
 }
 
 // The largest of the live vectors' values (NaN ignored, as fmaxf does), -inf when none.
@@ -345,26 +428,47 @@ __device__ __forceinline__ float share_max(const Held<T, VEC> (&xv)[VPT], Live l
   }
 }
 
-// (max, sum of exp(v - max), sum of w_j v_j) over this thread's live values v_j (capped) of
-// columns col(i) + e.
-template <typename T, int VPT, bool kOptions, int VEC, typename Live, typename Col>
+// The statistics (Stats) of this thread's live values v_j (capped) of columns col(i) + e.
+template <typename T, int VPT, Opts O, int VEC, typename Live, typename Col>
 __device__ __forceinline__ void share_stats(const Args<acc_t<T>>& a, const Held<T, VEC> (&xv)[VPT], Live live,
-                                            Col col, acc_t<T>& m, acc_t<T>& s, acc_t<T>& wx) {
+                                            Col col, Stats<acc_t<T>>& st) {
   using A = acc_t<T>;
-  s = 0;
-  wx = 0;
-  if constexpr (!kOptions) {
+  A m, s = 0;
+  st.wx = 0;
+  st.w = 0;
+  if constexpr (O != Opts::kAll) {
     m = share_max<T, VPT, VEC>(xv, live);
-    if (m == neg_inf<A>()) return;
     const float mb = m * kLog2e;  // (see exp_from)
+    float args = 0;  // kSmooth: the sum of the exponentials' arguments
+    int n = 0;       // kSmooth: the live values
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
       if (live(i)) {
-        float part = 0;
+        float part = 0, part_args = 0;
+        if (m != neg_inf<A>()) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) part += exp_from<T>(acc_at(xv[i], e), m, mb);
+          for (int e = 0; e < VEC; ++e) {
+            const float arg = exp_arg<T>(acc_at(xv[i], e), m, mb);
+            part += ex2_approx(arg);
+            if constexpr (O == Opts::kSmooth) part_args += arg;
+          }
+        }
         s += part;
+        if constexpr (O == Opts::kSmooth) {
+          args += part_args;
+          n += VEC;
+        }
       }
+    if constexpr (O == Opts::kSmooth) {
+      // Label smoothing's sum of (m - v_j), from the arguments the exponentials took anyway: one
+      // more add a value. arg_j = log2(e) (v_j - m) + r, r = log2(e) m - mb being mb's rounding,
+      // which fmaf gives exactly (a product's rounding error is representable). The arguments
+      // are never positive, so their sum keeps its relative precision. A share of -inf logits
+      // only: each one's term is +inf, as below().
+      const float r = sizeof(T) == 2 ? fmaf(m, kLog2e, -mb) : 0.f;
+      st.wx = m == neg_inf<A>() ? (n > 0 ? -neg_inf<A>() : A(0)) : (float(n) * r - args) * kLn2;
+      st.w = float(n);
+    }
   } else {
     m = neg_inf<A>();
 #pragma unroll
@@ -383,22 +487,29 @@ __device__ __forceinline__ void share_stats(const Args<acc_t<T>>& a, const Held<
         for (int e = 0; e < VEC; ++e) {
           const A v = capped(A(acc_at(xv[i], e)), a);
           if (m != neg_inf<A>()) s += a_exp(v - m);
-          if (a.smoothing) wx += (a.weighted ? weight_at<T>(a, col(i) + e) : A(1)) * v;
+          if (a.smoothing) {
+            const A w = a.weighted ? weight_at<T>(a, col(i) + e) : A(1);
+            st.wx += w * below(m, v);
+            st.w += w;
+          }
         }
       }
   }
+  st.m = m;
+  st.s = s;
 }
 
 // The gradient of vector i's VEC values (columns col .. col + VEC - 1).
-template <typename T, bool kOptions, int VEC>
+template <typename T, Opts O, int VEC>
 __device__ __forceinline__ void vector_grad(const Args<acc_t<T>>& a, const RowCoefs<T, acc_t<T>>& c,
                                             const Held<T, VEC>& x, int col, int64_t t, acc_t<T> (&d)[VEC]) {
   using A = acc_t<T>;
-  if constexpr (!kOptions) {
-    const float lb = c.lse * kLog2e;
+  if constexpr (O != Opts::kAll) {
+    const float bb = c.base * kLog2e;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
-      d[e] = exp_from<T>(acc_at(x, e), c.lse, lb) * c.cp;
+      const float p = exp_from<T>(acc_at(x, e), c.base, bb);
+      d[e] = O == Opts::kSmooth ? fmaf(p, c.scale, -c.cw) : p * c.scale;
       if (col + e == t) d[e] -= c.ct;
     }
   } else {
@@ -415,30 +526,33 @@ __device__ __forceinline__ void zero_columns(T* g, int64_t col) {
   store_from_acc<T, VEC>(g + col, z);
 }
 
-// The arguments as a kernel compiled with or without the options (softcap, label smoothing)
-// sees them: without, their flags are off, so that their code is dead and compiled out.
-template <bool kOptions, typename A>
+// The arguments as a kernel compiled for options O sees them: the flags O rules out are off,
+// so that their code is dead and compiled out.
+template <Opts O, typename A>
 __device__ __forceinline__ Args<A> options_compiled(const Args<A>& args) {
   Args<A> a = args;
-  if constexpr (!kOptions) {
-    a.softcap = false;
-    a.smoothing = false;
+  if constexpr (O != Opts::kAll) a.softcap = false;
+  if constexpr (O == Opts::kNone) a.smoothing = false;
+  if constexpr (O == Opts::kSmooth) {
+    a.smoothing = true;
+    a.weighted = false;
   }
   return a;
 }
 
 // The register-caching kernel: a block (or a cluster of blocks) per row, VPT vectors a thread.
 // Vector i of thread tid of cluster rank r holds columns ((i * blocks + r) * 512 + tid) * VEC.
-// kOptions: softcap or label smoothing may be on; without, their code is compiled out (the
-// common case keeps fewer registers).
+// O: which options the kernel is compiled for (Opts); the others' code is compiled out (the
+// common cases keep fewer registers).
 // Two blocks an SM (64 registers a thread) are what hides one block's barrier behind the other's
 // loads: asked for explicitly, since left to itself ptxas may take more (78 registers at 8 bf16
 // vectors a thread given a bound of one block, which ran 8192x128256 forward+backward at 2.4
 // TB/s instead of 3.4 on the H200). The options' 8-vector kernel would spill at 64; it keeps one.
-template <typename T, int VPT, bool kGrad, bool kOptions>
-__global__ void __launch_bounds__(kThreads, kOptions && VPT == 8 ? 1 : 2) row_kernel(const Args<acc_t<T>> args) {
+template <typename T, int VPT, bool kGrad, Opts O>
+__global__ void __launch_bounds__(kThreads, O == Opts::kAll && VPT == 8 ? 1 : 2) row_kernel(const Args<acc_t<T>> args) {
   using A = acc_t<T>;
-  const Args<A> a = options_compiled<kOptions>(args);
+  constexpr bool kSmooth = O != Opts::kNone;
+  const Args<A> a = options_compiled<O>(args);
   constexpr int VEC = 16 / sizeof(T);
   __shared__ A sh[kShared];
   const unsigned rank = cluster_rank(), blocks = cluster_blocks();
@@ -467,22 +581,22 @@ __global__ void __launch_bounds__(kThreads, kOptions && VPT == 8 ? 1 : 2) row_ke
     }
     return;
   }
-  __shared__ ClusterInbox<A, 3> box;
+  __shared__ StatsInbox<A, kSmooth> box;
   if (blocks > 1) cluster_inbox_init(box);
   const bool writer = rank == 0 && threadIdx.x == 0;
   const A xt = writer ? target_logit(a, x, t) : A(0);  // (before the barrier: in place, x is overwritten after it)
   const auto live = [&](int i) { return column(i) < a.V; };
-  A m, s, wx;
+  Stats<A> st;
   const Scales<A> sc = load_scales(a);
-  share_stats<T, VPT, kOptions, VEC>(a, xv, live, column, m, s, wx);
-  row_combine(m, s, wx, sh, blocks > 1 ? &box : nullptr);
-  const RowCoefs<T, A> c = finish_row<T>(a, sc, row, t, m, s, wx, xt, writer);
+  share_stats<T, VPT, O, VEC>(a, xv, live, column, st);
+  row_combine<kSmooth>(st, sh, blocks > 1 ? &box : nullptr);
+  const RowCoefs<T, A> c = finish_row<T>(a, sc, row, t, st, xt, writer);
   if constexpr (kGrad) {
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
       if (column(i) < a.V) {
         A d[VEC];
-        vector_grad<T, kOptions, VEC>(a, c, xv[i], column(i), t, d);
+        vector_grad<T, O, VEC>(a, c, xv[i], column(i), t, d);
         store_from_acc<T, VEC>(g + column(i), d);
       }
   }
@@ -493,7 +607,7 @@ __global__ void __launch_bounds__(kThreads, kOptions && VPT == 8 ? 1 : 2) row_ke
 // Without a gradient a row need not stay on chip after its statistics, and the row kernel's
 // cluster barrier would only make each block wait for the slowest of its row. split_kernel gives
 // each block one slice of kSplitThreads * kSplitVecs vectors of a row and writes the slice's
-// (max, sum of exp, sum of w_j x_j); combine_kernel merges a row's slices in slice order, a warp
+// statistics (Stats, 4 values); combine_kernel merges a row's slices in slice order, a warp
 // per row, and finishes the row. Blocks retire independently, so loads stay in flight: at 8192 x
 // 128256 bf16 on the H200 this reads at 4.5 TB/s, the read-only ceiling, where the cluster kernel
 // read at 3.0 (benchmarks/cross_entropy_split_rows.cu). The loss may differ from the forward with
@@ -502,10 +616,10 @@ constexpr int kSplitThreads = 128;
 constexpr int kSplitVecs = 8;
 constexpr int kCombineThreads = 256;
 
-template <typename T, bool kOptions>
+template <typename T, Opts O>
 __global__ void __launch_bounds__(kSplitThreads) split_kernel(const Args<acc_t<T>> args, int splits, acc_t<T>* part) {
   using A = acc_t<T>;
-  const Args<A> a = options_compiled<kOptions>(args);
+  const Args<A> a = options_compiled<O>(args);
   constexpr int VEC = 16 / sizeof(T);
   __shared__ A sh[kShared];
   const int64_t row = blockIdx.x / splits;
@@ -518,14 +632,15 @@ __global__ void __launch_bounds__(kSplitThreads) split_kernel(const Args<acc_t<T
 #pragma unroll
   for (int i = 0; i < kSplitVecs; ++i)
     if (live(i)) xv[i] = load_held<T, VEC>(x + column(i));
-  A m, s, wx;
-  share_stats<T, kSplitVecs, kOptions, VEC>(a, xv, live, column, m, s, wx);
-  row_combine<A>(m, s, wx, sh, nullptr);
+  Stats<A> st;
+  share_stats<T, kSplitVecs, O, VEC>(a, xv, live, column, st);
+  row_combine<O != Opts::kNone, A>(st, sh, nullptr);
   if (threadIdx.x == 0) {
-    A* out = part + 3 * int64_t(blockIdx.x);
-    out[0] = m;
-    out[1] = s;
-    out[2] = wx;
+    A* out = part + 4 * int64_t(blockIdx.x);
+    out[0] = st.m;
+    out[1] = st.s;
+    out[2] = st.wx;
+    out[3] = st.w;
   }
 }
 
@@ -545,33 +660,23 @@ __global__ void __launch_bounds__(kCombineThreads)
     return;
   }
   // Lane l merges slices l, l + 32, ... in order, then the warp merges the lanes.
-  A m = neg_inf<A>(), s = 0, wx = 0;
+  Stats<A> st{neg_inf<A>(), 0, 0, 0};
   for (int k = lane; k < splits; k += 32) {
-    const A* in = part + 3 * (row * splits + k);
-    const A km = in[0], ks = in[1];
-    wx += in[2];
-    if (km > m) {
-      s = s * a_exp(m - km) + ks;  // (m = -inf: s is 0, and exp(-inf) is 0)
-      m = km;
-    } else if (km != neg_inf<A>()) {
-      s += ks * a_exp(km - m);
-    }
+    const A* in = part + 4 * (row * splits + k);
+    merge<true>(st, Stats<A>{in[0], in[1], in[2], in[3]});
   }
-  warp_combine(m, s, wx);
+  warp_combine<true>(st);
   const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
   const A xt = lane == 0 ? target_logit(a, x, t) : A(0);
-  finish_row<T>(a, load_scales(a), row, t, m, s, wx, xt, lane == 0);
+  finish_row<T>(a, load_scales(a), row, t, st, xt, lane == 0);
 }
 
 // A block's walk over a row of a.V values, VEC at a time (16 bytes when the row allows, else 1):
-// each thread's (max, sum of exp, sum of w_j x_j), online, for row_combine.
+// each thread's statistics, online, for row_combine.
 template <typename T, int VEC>
-__device__ __forceinline__ void sweep_stats(const Args<acc_t<T>>& a, const T* x, acc_t<T>& m, acc_t<T>& s,
-                                            acc_t<T>& wx) {
+__device__ __forceinline__ void sweep_stats(const Args<acc_t<T>>& a, const T* x, Stats<acc_t<T>>& st) {
   using A = acc_t<T>;
-  m = neg_inf<A>();
-  s = 0;
-  wx = 0;
+  st = {neg_inf<A>(), 0, 0, 0};
   for (int64_t j = int64_t(threadIdx.x) * VEC; j < a.V; j += int64_t(blockDim.x) * VEC) {
     A v[VEC];
     if constexpr (VEC > 1) {
@@ -584,17 +689,18 @@ __device__ __forceinline__ void sweep_stats(const Args<acc_t<T>>& a, const T* x,
     A vm = v[0];
 #pragma unroll
     for (int e = 1; e < VEC; ++e) vm = vm > v[e] ? vm : v[e];
-    if (vm > m) {
-      s *= a_exp(m - vm);  // (m = -inf: s is 0, and exp(-inf) is 0)
-      m = vm;
-    }
-    if (m != neg_inf<A>()) {
+    if (vm > st.m) rebase<true>(st, vm);
+    if (st.m != neg_inf<A>()) {
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) s += a_exp(v[e] - m);
+      for (int e = 0; e < VEC; ++e) st.s += a_exp(v[e] - st.m);
     }
     if (a.smoothing) {
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) wx += (a.weighted ? weight_at<T>(a, j + e) : A(1)) * v[e];
+      for (int e = 0; e < VEC; ++e) {
+        const A w = a.weighted ? weight_at<T>(a, j + e) : A(1);
+        st.wx += w * below(st.m, v[e]);
+        st.w += w;
+      }
     }
   }
 }
@@ -642,11 +748,11 @@ __global__ void __launch_bounds__(kThreads) sweep_kernel(const Args<acc_t<T>> a)
     return;
   }
   const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
-  A m, s, wx;
-  sweep_stats<T, VEC>(a, x, m, s, wx);
+  Stats<A> st;
+  sweep_stats<T, VEC>(a, x, st);
   const A xt = threadIdx.x == 0 ? target_logit(a, x, t) : A(0);  // (before the barrier, as above)
-  row_combine<A>(m, s, wx, sh, nullptr);
-  const RowCoefs<T, A> c = finish_row<T>(a, load_scales(a), row, t, m, s, wx, xt, threadIdx.x == 0);
+  row_combine<true, A>(st, sh, nullptr);
+  const RowCoefs<T, A> c = finish_row<T>(a, load_scales(a), row, t, st, xt, threadIdx.x == 0);
   if constexpr (kGrad) sweep_grad<T, VEC>(a, &c, x, g, t);
 }
 
@@ -668,18 +774,19 @@ __global__ void __launch_bounds__(kSliceThreads)
   const int64_t t = target_at(a.target, a.target32, row);
   if (t == a.ignore_index) return;
   const T* x = static_cast<const T*>(a.x) + a.rows.offset(row);
-  A m, s, wx;
-  sweep_stats<T, VEC>(a, x, m, s, wx);
-  row_combine<A>(m, s, wx, sh, nullptr);
+  Stats<A> st;
+  sweep_stats<T, VEC>(a, x, st);
+  row_combine<true, A>(st, sh, nullptr);
   if (threadIdx.x != 0) return;
   A* r = stats + 4 * row;
-  if (m > r[0]) {
-    r[1] = (r[0] == neg_inf<A>() ? A(0) : r[1] * a_exp(r[0] - m)) + s;
-    r[0] = m;
-  } else if (m != neg_inf<A>()) {
-    r[1] += s * a_exp(m - r[0]);  // (a NaN maximum is carried by the sum, as in sweep_stats)
+  if (st.m > r[0]) {
+    r[1] = (r[0] == neg_inf<A>() ? A(0) : r[1] * a_exp(r[0] - st.m)) + st.s;
+    r[0] = st.m;
+  } else if (st.m != neg_inf<A>()) {
+    r[1] += st.s * a_exp(st.m - r[0]);  // (a NaN maximum is carried by the sum, as in sweep_stats)
   }
-  if (a.smoothing) r[2] += wx;
+  // (the running statistics hold sum_j w_j x_j: sum_j w_j m - st.wx)
+  if (a.smoothing) r[2] += (st.w != A(0) ? st.w * st.m : A(0)) - st.wx;
   const int64_t tl = t - class_start;
   if (tl >= 0 && tl < a.V) r[3] = capped(A(to_acc(x[tl])), a);
 }
@@ -696,7 +803,7 @@ __global__ void __launch_bounds__(kSliceThreads)
     return;
   }
   const A* k = coefs + 4 * row;
-  const RowCoefs<T, A> c{k[0], k[1], k[2], k[3]};
+  const RowCoefs<T, A> c{k[0], k[1], k[2], k[3]};  // (lse, cp, ct, cw): base lse, scale cp
   sweep_grad<T, VEC>(a, &c, g, g, t - class_start);
 }
 
@@ -847,9 +954,9 @@ bool cluster_fits(int cluster) {
 }
 
 // Launches the register kernel with VPT vectors a thread in clusters of `cluster` blocks.
-template <typename T, int VPT, bool kGrad, bool kOptions>
+template <typename T, int VPT, bool kGrad, Opts O>
 bool launch_rows(const Args<acc_t<T>>& a, int64_t R, int cluster, cudaStream_t stream, const char* op) {
-  constexpr auto kernel = row_kernel<T, VPT, kGrad, kOptions>;
+  constexpr auto kernel = row_kernel<T, VPT, kGrad, O>;
   if (cluster == 1) {
     kernel<<<unsigned(R), kThreads, 0, stream>>>(a);
     check_launch(op);
@@ -860,18 +967,18 @@ bool launch_rows(const Args<acc_t<T>>& a, int64_t R, int cluster, cudaStream_t s
   return true;
 }
 
-template <typename T, bool kGrad, bool kOptions>
+template <typename T, bool kGrad, Opts O>
 bool try_rows(const Args<acc_t<T>>& a, int64_t R, int64_t vectors, cudaStream_t stream, const char* op) {
   // One block when the row fits its registers (the fewest vectors a thread that do), else the
   // smallest cluster at 8 vectors a thread, else at 4: a block's share of the row between two
   // cluster barriers is what amortises them (at 128256 bf16 classes, 8 blocks of 4 vectors a
   // thread reached 0.82 TB/s forward on the H200, against 1.72 for 256000 classes at 8 vectors).
-  if (vectors <= kThreads) return launch_rows<T, 1, kGrad, kOptions>(a, R, 1, stream, op);
-  if (vectors <= 2 * kThreads) return launch_rows<T, 2, kGrad, kOptions>(a, R, 1, stream, op);
-  if (vectors <= 4 * kThreads) return launch_rows<T, 4, kGrad, kOptions>(a, R, 1, stream, op);
-  if (vectors <= 8 * kThreads) return launch_rows<T, 8, kGrad, kOptions>(a, R, 1, stream, op);
+  if (vectors <= kThreads) return launch_rows<T, 1, kGrad, O>(a, R, 1, stream, op);
+  if (vectors <= 2 * kThreads) return launch_rows<T, 2, kGrad, O>(a, R, 1, stream, op);
+  if (vectors <= 4 * kThreads) return launch_rows<T, 4, kGrad, O>(a, R, 1, stream, op);
+  if (vectors <= 8 * kThreads) return launch_rows<T, 8, kGrad, O>(a, R, 1, stream, op);
   const int64_t c8 = (vectors + 8 * kThreads - 1) / (8 * kThreads);
-  if (c8 <= kMaxCluster) return launch_rows<T, 8, kGrad, kOptions>(a, R, int(c8), stream, op);
+  if (c8 <= kMaxCluster) return launch_rows<T, 8, kGrad, O>(a, R, int(c8), stream, op);
   return false;
 }
 
@@ -885,13 +992,14 @@ bool try_slices(const Args<acc_t<T>>& a, const Problem& p, cudaStream_t stream, 
   const int64_t vectors = p.V / kVec;
   const int64_t splits = (vectors + kSlice - 1) / kSlice;
   if (vectors <= kThreads || p.R * splits >= (int64_t(1) << 31)) return false;
-  const Tensor part = empty_like_device(p.logits, {p.R * splits * 3}, acc_dtype(p.dtype));
+  const Tensor part = empty_like_device(p.logits, {p.R * splits * 4}, acc_dtype(p.dtype));
   A* parts = part.mutable_data_ptr<A>();
   const unsigned blocks = unsigned(p.R * splits);
-  if (a.softcap || a.smoothing)
-    split_kernel<T, true><<<blocks, kSplitThreads, 0, stream>>>(a, int(splits), parts);
-  else
-    split_kernel<T, false><<<blocks, kSplitThreads, 0, stream>>>(a, int(splits), parts);
+  switch (options_of(a)) {
+    case Opts::kNone: split_kernel<T, Opts::kNone><<<blocks, kSplitThreads, 0, stream>>>(a, int(splits), parts); break;
+    case Opts::kSmooth: split_kernel<T, Opts::kSmooth><<<blocks, kSplitThreads, 0, stream>>>(a, int(splits), parts); break;
+    case Opts::kAll: split_kernel<T, Opts::kAll><<<blocks, kSplitThreads, 0, stream>>>(a, int(splits), parts); break;
+  }
   check_launch(op);
   constexpr int64_t kRowsPerBlock = kCombineThreads / 32;
   combine_kernel<T><<<unsigned((p.R + kRowsPerBlock - 1) / kRowsPerBlock), kCombineThreads, 0, stream>>>(
@@ -907,10 +1015,16 @@ void run_rows(const Args<acc_t<T>>& a, const Problem& p, cudaStream_t stream, co
                       (!kGrad || (aligned16(a.grad) && rows_aligned(a.grad_rows, kVec)));
   if constexpr (sizeof(T) < 8) {
     if (!kGrad && vector && try_slices<T>(a, p, stream, op)) return;
-    const bool options = a.softcap || a.smoothing;
-    if (vector && (options ? try_rows<T, kGrad, true>(a, p.R, p.V / kVec, stream, op)
-                           : try_rows<T, kGrad, false>(a, p.R, p.V / kVec, stream, op)))
-      return;
+    if (vector) {
+      const int64_t vectors = p.V / kVec;
+      bool done = false;
+      switch (options_of(a)) {
+        case Opts::kNone: done = try_rows<T, kGrad, Opts::kNone>(a, p.R, vectors, stream, op); break;
+        case Opts::kSmooth: done = try_rows<T, kGrad, Opts::kSmooth>(a, p.R, vectors, stream, op); break;
+        case Opts::kAll: done = try_rows<T, kGrad, Opts::kAll>(a, p.R, vectors, stream, op); break;
+      }
+      if (done) return;
+    }
   }
   if (vector) {
     sweep_kernel<T, kVec, kGrad><<<unsigned(p.R), kThreads, 0, stream>>>(a);

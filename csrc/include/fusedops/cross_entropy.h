@@ -23,7 +23,11 @@
 // whole loss and gradient), and `bad_target` holds the flat index of the first such row (-1:
 // none). The CPU kernel raises instead, naming the value; CUDA eager calls read bad_target
 // (ops/cross_entropy.py). Math in float32 (float64 for float64 logits); the loss and lse are
-// float32 (float64), the gradient in the logits' dtype.
+// float32 (float64), the gradient in the logits' dtype. No kernel subtracts from lse once
+// rounded: lse - x_t is log(sum) - (x_t - max), p_j is exp(x_j - max) / sum, and the smoothing
+// term's W * lse - sum_j w_j x_j is W * log(sum) plus sum_j w_j (max - x_j) (the GPU kernels
+// keep that sum, whose terms are never negative; the CPU sums w_j x_j in float64), so logits far
+// from zero keep float32's precision (docs/ops/cross_entropy.md).
 #pragma once
 
 #include <algorithm>
@@ -285,7 +289,9 @@ void cross_entropy_backward_inplace(Tensor grad_output, Tensor grad_logits) {
 // soft-capped. Rows whose target is ignore_index are not read.
 //   cross_entropy_slice_stats_: merges the slice into `stats` (R, 4), per row the running
 //     (max of x, sum of exp(x - max), sum of w_j x_j [only with smoothing], x of the target
-//     [written by the slice holding it]); the caller starts it at (-inf, 0, 0, 0).
+//     [written by the slice holding it]); the caller starts it at (-inf, 0, 0, 0). The sum of
+//     w_j x_j is absolute, so this path keeps the rounded-sum precision of the smoothing term
+//     for logits far from zero (docs/ops/cross_entropy.md).
 //   cross_entropy_slice_grad_: overwrites the logits with the gradient, given per row
 //     `coefs` (R, 4) = (lse, cp, ct, cw), the coefficients of the file's header (grad_output
 //     and the "mean" denominators already in them):

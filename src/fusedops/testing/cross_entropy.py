@@ -79,6 +79,7 @@ def samples(device, dtype, requires_grad=False, edge=True):
         ((2, 3, 100), "none", True, 4, 0.1, 0.0, None, "(B, T, V) weight+ignore+smoothing"),
         ((6, 257), "mean", True, 2, 0.2, 0.0, None, "weight+ignore+smoothing"),
         ((4, 250), "sum", True, 3, 0.3, 0.0, None, "weight+ignore+smoothing sum"),
+        ((6, 256), "mean", False, 3, 0.1, 0.01, None, "ignore+smoothing+z_loss (no weight)"),
         ((4, 64), "sum", False, 0, 0.0, 0.1, None, "z_loss"),
         ((5, 96), "mean", True, 2, 0.0, 0.05, None, "z_loss weight mean"),
         ((4, 128), "none", False, 3, 0.0, 0.0, 5.0, "softcap"),

@@ -6,8 +6,8 @@ What is computed is stated in csrc/include/fusedops/cross_entropy.h; every backe
 Launches of the forward:
 1. one program over the targets, in order: the "mean" denominators (the weights of the rows
    not ignored, and their count) and the first target outside [0, V) that is not ignore_index;
-2. one program per row: an online-softmax sweep over the row (maximum, sum of exp, weighted
-   sum of the logits), then, when a gradient is wanted, a second sweep that reads the row again
+2. one program per row: an online-softmax sweep over the row (maximum, sum of exp and, for
+   label smoothing, the weighted sum of the logits' distances below the maximum), then, when a gradient is wanted, a second sweep that reads the row again
    (mostly from L2) and writes the gradient; ignored rows write zeros without reading;
 3. for "mean"/"sum", one program adding the per-row losses in row order (deterministic).
 A bad target is never used as an index: its row counts with weight NaN.
@@ -83,11 +83,24 @@ def _softcapped(v, cap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def _below(m, x):
+    # m - x, and +inf for x = -inf even where m is -inf too: such a logit's smoothing term is
+    # w * inf, as torch's.
+    return tl.where(x == float("-inf"), float("inf"), m - x)
+
+
+@triton.jit
+def _rebased(wx, ws, m, m_new):
+    # A smoothing sum wx = sum of w_j (m - x_j) over weights summing to ws, moved to m_new >= m.
+    return wx + tl.where((ws != 0) & (m != m_new), ws * (m_new - m), 0.0)
+
+
+@triton.jit
 def _row_kernel(
     x_ptr, target_ptr, weight_ptr, stats_ptr, lse_ptr, rowloss_ptr, grad_ptr,
     T1, xs0, xs1, G1, gs0, gs1, V, ignore_index,
     eps, eps_lo, z, z_lo, cap, cap_lo,
-    MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, SOFTCAP: tl.constexpr, GRAD: tl.constexpr,
+    MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, GRAD: tl.constexpr,
     ACC: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -114,7 +127,12 @@ def _row_kernel(
         ts = tl.where(valid, t, 0)
         m = tl.full([BLOCK], float("-inf"), ACC)
         s = tl.zeros([BLOCK], ACC)
+        # Label smoothing's sum of w_j x_j is kept as sum of w_j (m - x_j), relative to the
+        # maximum as the exponentials are: its terms are never negative, so it keeps its
+        # precision for logits far from 0, where a plain sum of w_j x_j loses float32's (at 1e7
+        # its spacing is 512).
         wx = tl.zeros([BLOCK], ACC)
+        ws = tl.zeros([BLOCK], ACC)
         for start in range(0, V, BLOCK):
             c = start + cols
             mask = c < V
@@ -124,15 +142,21 @@ def _row_kernel(
             # Lanes still at -inf (no element yet) keep a zero sum: exp(-inf - -inf) is NaN.
             alpha = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
             s = s * alpha + tl.where(v_m > float("-inf"), tl.exp(v_m - m_new), 0.0)
+            if SMOOTH:
+                if HAS_WEIGHT:
+                    w = tl.load(weight_ptr + c, mask=mask, other=0.0).to(ACC)
+                else:
+                    w = tl.where(mask, 1.0, 0.0).to(ACC)
+                wx = _rebased(wx, ws, m, m_new) + tl.where(mask, w * _below(m_new, v), 0.0)
+                ws += w
             m = m_new
-            if HAS_WEIGHT:
-                wx += tl.where(mask, tl.load(weight_ptr + c, mask=mask, other=0.0).to(ACC) * v, 0.0)
-            else:
-                wx += tl.where(mask, v, 0.0)
         mx = tl.max(m, 0)
         scale = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx))
-        lse = mx + tl.log(tl.sum(s * scale, 0))
-        wx_sum = tl.sum(wx, 0)
+        sum_s = tl.sum(s * scale, 0)
+        # lse - x_t and W lse - sum w_j x_j are formed from differences to the maximum (ls = lse -
+        # max), never from lse once rounded: float32's spacing at 1e4 is 1e-3.
+        ls = tl.log(sum_s)
+        lse = mx + ls
         xt = _softcapped(tl.load(x_row + ts).to(ACC), cap, SOFTCAP)
         if HAS_WEIGHT:
             wt = tl.load(weight_ptr + ts).to(ACC)
@@ -142,9 +166,9 @@ def _row_kernel(
             w_sum = tl.full([], 1.0, ACC) * V
         wt = tl.where(valid, wt, float("nan"))
         inv_v = 1.0 / (V + tl.zeros([], ACC))  # (V == 1 arrives as a constant, not a tensor)
-        ce = (1.0 - eps) * wt * (lse - xt)
-        if eps > 0:  # (with -inf logits the smoothing term is 0 * inf)
-            ce += eps * inv_v * (w_sum * lse - wx_sum)
+        ce = (1.0 - eps) * wt * (ls - (xt - mx))
+        if SMOOTH:
+            ce += eps * inv_v * (w_sum * ls + tl.sum(_rebased(wx, ws, m, mx), 0))
         zl = z * lse * lse
         if MEAN:
             sw = 1.0 / tl.load(stats_ptr).to(ACC)
@@ -159,13 +183,14 @@ def _row_kernel(
             # thread's reads above come before any store below.
             tl.debug_barrier()
             cp = ((1.0 - eps) * wt + eps * w_sum * inv_v) * sw + 2.0 * z * lse * sn
+            scale_row = cp / sum_s
             ct = (1.0 - eps) * wt * sw
             cw = eps * inv_v * sw
             for start in range(0, V, BLOCK):
                 c = start + cols
                 mask = c < V
                 v = _softcapped(tl.load(x_row + c, mask=mask, other=0.0).to(ACC), cap, SOFTCAP)
-                d = tl.exp(v - lse) * cp
+                d = tl.exp(v - mx) * scale_row
                 if HAS_WEIGHT:
                     d -= cw * tl.load(weight_ptr + c, mask=mask, other=0.0).to(ACC)
                 else:
@@ -375,7 +400,7 @@ def forward(logits: Tensor, target: Tensor, weight: Optional[Tensor], ignore_ind
             *_split(label_smoothing), *_split(z_loss), *_split(softcap or 1.0),
         ),
         MEAN=reduction == "mean", HAS_WEIGHT=weight is not None, SOFTCAP=softcap is not None,
-        GRAD=g is not None, ACC=tl_acc, BLOCK=_block(V), num_warps=8 if V >= 4096 else 4,
+        SMOOTH=label_smoothing > 0, GRAD=g is not None, ACC=tl_acc, BLOCK=_block(V), num_warps=8 if V >= 4096 else 4,
     )
     if reduction != "none":
         _launch_sum((1,), (rowloss, stats, loss), (R,), MEAN=reduction == "mean", ACC=tl_acc,
