@@ -15,6 +15,7 @@ timing, matplotlib only for the PNG plots.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import fnmatch
 import gc
@@ -26,6 +27,7 @@ import platform
 import re
 import subprocess
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -129,7 +131,9 @@ class Provider:
     providers compile once per shape).  Role "subject" marks fusedops
     implementations, for which the reports compute speed ratios against every
     "peer".  A provider with ``default=False`` runs only when ``--providers``
-    names its key or label exactly.
+    names its key or label exactly.  ``reference`` (fp32 math, as the
+    entry's) is for a subject that computes a variant of the entry's function
+    (an option no peer runs): its outputs are checked against that instead.
     """
 
     key: str
@@ -139,6 +143,7 @@ class Provider:
     modes: tuple = MODES
     default: bool = True
     supports: Optional[Callable[[Case, str], Optional[str]]] = None  # reason if a case is unsupported
+    reference: Optional[Callable[..., torch.Tensor]] = None  # None: the entry's
 
 
 @dataclass
@@ -561,6 +566,10 @@ def _run_case(entry, case, provider, probe, modes, settings, reference, run) -> 
 
     tol = entry.tol(case.dtype)
     notes = [probe.reason] if probe.reason else []
+    if provider.reference is not None:
+        need_grad = any(m != "fwd" for m in modes)
+        reference = _LazyReference(dataclasses.replace(entry, reference=provider.reference), case, device,
+                                   settings.seed, need_grad)
     try:
         ref_out, ref_grads = reference.get()
         inputs = entry.make_inputs(case, device, settings.seed)

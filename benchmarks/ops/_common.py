@@ -240,13 +240,14 @@ def _large_only(case: Case, device: str):
     return None if case.size == "large" else "option variants run on the large shapes only"
 
 
-def fusedops_providers(op: str, factory, raw_factory, variants: dict = None) -> list:
+def fusedops_providers(op: str, factory, raw_factory, variants: dict = None, variant_references: dict = None) -> list:
     """The subject providers of ``op``: the public function, the raw
     ``torch.ops`` op (forward only, opt-in) that shows what the autograd
     wrapper costs per call, and one provider per option variant
     (``variants``: name -> factory computing the same function with that
-    option on; large shapes only).  The factories stay with the entry because
-    the call signature is the op's."""
+    option on, or, given ``variant_references[name]``, the function that
+    reference computes; large shapes only).  The factories stay with the entry
+    because the call signature is the op's."""
     providers = [
         Provider("fusedops", lambda device: probe_fusedops(op, device), factory, role="subject"),
         Provider("fusedops-raw", lambda device: probe_fusedops(op, device, raw=True), raw_factory,
@@ -254,7 +255,8 @@ def fusedops_providers(op: str, factory, raw_factory, variants: dict = None) -> 
     ]
     for name, variant_factory in (variants or {}).items():
         providers.append(Provider(f"fusedops+{name}", lambda device, name=name: probe_fusedops(op, device, variant=name),
-                                  variant_factory, role="subject", supports=_large_only))
+                                  variant_factory, role="subject", supports=_large_only,
+                                  reference=(variant_references or {}).get(name)))
     return providers
 
 

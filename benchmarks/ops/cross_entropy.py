@@ -23,7 +23,9 @@ logits to fp32 as Hugging Face's loss does, compiled per case); "liger" (Liger-K
 LigerCrossEntropyFunction, which writes the gradient into the logits; it takes (N, V), so the
 shifted case is made contiguous first, as users of it do); the subject "fusedops-<backend>"
 (``fusedops.cross_entropy``, a separate gradient buffer) and "fusedops+inplace-<backend>"
-(``inplace_grad=True``: the gradient written into the logits, like Liger). The inputs require
+(``inplace_grad=True``: the gradient written into the logits, like Liger), and
+"fusedops+smooth-<backend>" (``label_smoothing=0.1``, which takes the kernels' general path:
+what the option costs, beside the plain call; no peer runs it). The inputs require
 grad, so a fused forward (fusedops, Liger) also writes the gradient in "fwd"; the forward alone
 as inference runs it is "fusedops+nograd-<backend>" (under ``torch.no_grad()``, fwd only).
 Peak memory is recorded per call (``peak MiB``): the gradient buffer shows there.
@@ -41,6 +43,7 @@ from benchmarks.ops import _common
 
 BF16, FP32 = torch.bfloat16, torch.float32
 IGNORE = -100
+SMOOTHING = 0.1  # the "smooth" variant's label_smoothing
 
 
 @dataclass(frozen=True)
@@ -104,11 +107,16 @@ def _view(logits, shifted):
     return logits[:, :-1] if shifted else logits
 
 
-def reference(logits, target, shifted):
+def reference(logits, target, shifted, label_smoothing=0.0):
     """fp32 math (the logits upcast, as Hugging Face's loss does); torch.compile compiles this."""
     x = _view(logits, shifted)
     V = x.shape[-1]
-    return F.cross_entropy(x.float().reshape(-1, V), target.long().reshape(-1), ignore_index=IGNORE)
+    return F.cross_entropy(x.float().reshape(-1, V), target.long().reshape(-1), ignore_index=IGNORE,
+                           label_smoothing=label_smoothing)
+
+
+def _reference_smoothed(logits, target, shifted):
+    return reference(logits, target, shifted, label_smoothing=SMOOTHING)
 
 
 def _eager(case, device):
@@ -148,14 +156,15 @@ def _liger(case, device):
     return run
 
 
-def _fusedops_factory(inplace_grad):
+def _fusedops_factory(inplace_grad, label_smoothing=0.0):
     def factory(case, device):
         import fusedops
 
         f = fusedops.cross_entropy
 
         def run(logits, target, shifted):
-            return f(_view(logits, shifted), target, ignore_index=IGNORE, inplace_grad=inplace_grad)
+            return f(_view(logits, shifted), target, ignore_index=IGNORE, inplace_grad=inplace_grad,
+                     label_smoothing=label_smoothing)
 
         return run
 
@@ -204,7 +213,9 @@ ENTRY = OpEntry(
         _common.compiled_provider(reference),
         Provider("liger", _probe_liger, _liger),
         *_common.fusedops_providers("cross_entropy", _fusedops_factory(False), _fusedops_raw,
-                                    variants={"inplace": _fusedops_factory(True)}),
+                                    variants={"inplace": _fusedops_factory(True),
+                                              "smooth": _fusedops_factory(False, label_smoothing=SMOOTHING)},
+                                    variant_references={"smooth": _reference_smoothed}),
         # The forward alone as inference runs it (no gradient wanted: one read of the logits);
         # with the logits requiring grad, fusedops' (and Liger's) forward also writes the gradient.
         Provider("fusedops+nograd", lambda device: _common.probe_fusedops("cross_entropy", device, variant="nograd"),
