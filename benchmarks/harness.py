@@ -27,7 +27,6 @@ import platform
 import re
 import subprocess
 import time
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence

@@ -245,10 +245,11 @@ def test_large_logits_keep_their_precision(impl, offset):
     to the maximum too (with and without class weights: two GPU kernel variants). Widths reach
     every GPU path: one block, a cluster or split blocks (with and without a gradient), the
     sweep."""
-    device = "cpu" if impl == "triton-interpreter" else impl
-    op = ce_op.TRITON_IMPLS["cross_entropy"] if impl == "triton-interpreter" else torch.ops.fusedops.cross_entropy
+    interpreted = impl == "triton-interpreter"
+    device = "cpu" if interpreted else impl
+    op = ce_op.TRITON_IMPLS["cross_entropy"] if interpreted else torch.ops.fusedops.cross_entropy
     g = torch.Generator().manual_seed(0)
-    for V in (200,) if impl == "triton-interpreter" else (1000, 70000, 140000):
+    for V in (200,) if interpreted else (1000, 70000, 140000):
         x = (3 * torch.randn(6, V, generator=g) + offset).to(device)
         t = torch.randint(0, V, (6,), generator=g).to(device)
         w = torch.rand(V, generator=g).to(device)

@@ -240,7 +240,8 @@ def _large_only(case: Case, device: str):
     return None if case.size == "large" else "option variants run on the large shapes only"
 
 
-def fusedops_providers(op: str, factory, raw_factory, variants: dict = None, variant_references: dict = None) -> list:
+def fusedops_providers(op: str, factory, raw_factory, variants: dict = None,
+                       variant_references: dict = None) -> list:
     """The subject providers of ``op``: the public function, the raw
     ``torch.ops`` op (forward only, opt-in) that shows what the autograd
     wrapper costs per call, and one provider per option variant

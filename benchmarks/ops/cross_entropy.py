@@ -24,8 +24,8 @@ LigerCrossEntropyFunction, which writes the gradient into the logits; it takes (
 shifted case is made contiguous first, as users of it do); the subject "fusedops-<backend>"
 (``fusedops.cross_entropy``, a separate gradient buffer) and "fusedops+inplace-<backend>"
 (``inplace_grad=True``: the gradient written into the logits, like Liger), and
-"fusedops+smooth-<backend>" (``label_smoothing=0.1``, which takes the kernels' general path:
-what the option costs, beside the plain call; no peer runs it). The inputs require
+"fusedops+smooth-<backend>" (``label_smoothing=0.1``: what the option costs beside the plain
+call, checked against a smoothed reference; no peer runs it). The inputs require
 grad, so a fused forward (fusedops, Liger) also writes the gradient in "fwd"; the forward alone
 as inference runs it is "fusedops+nograd-<backend>" (under ``torch.no_grad()``, fwd only).
 Peak memory is recorded per call (``peak MiB``): the gradient buffer shows there.

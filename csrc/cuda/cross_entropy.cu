@@ -11,12 +11,12 @@
 //    512 threads (or, for wide rows on sm_90, a thread-block cluster of up to 8 of them, with
 //    the row split between the blocks) keeps the row in registers, VPT 16-byte vectors a thread
 //    (as stored: 8 bf16 values in 4 registers). Each thread reduces its values to (max, sum of
-//    exp relative to that max, and for label smoothing sum of w_j (max - x_j), sum of w_j); warps, then the block, then the cluster (through
-//    distributed shared memory, cuda_norm.cuh's machinery) combine those in a fixed order, so
-//    every thread ends with the same row statistics, bit for bit. The gradient is then written
-//    from the registers with 16-byte stores. Up to 8 x 512 x 8 vectors: 262144 bf16/fp16 or
-//    131072 fp32 classes per row. Two blocks share an SM (64 registers a thread at most), one loading
-//    while the other computes.
+//    exp relative to that max, and for label smoothing sum of w_j (max - x_j) and sum of w_j);
+//    warps, then the block, then the cluster (through distributed shared memory, cuda_norm.cuh's
+//    machinery) combine those in a fixed order, so every thread ends with the same row
+//    statistics, bit for bit. The gradient is then written from the registers with 16-byte
+//    stores. Up to 8 x 512 x 8 vectors: 262144 bf16/fp16 or 131072 fp32 classes per row. Two
+//    blocks share an SM (64 registers a thread at most), one loading while the other computes.
 //    The kernel is bound by instructions as much as by memory, so a column's work is kept to
 //    about five instructions (see share_stats): at 8192 x 128256 bf16 on the H200 (ncu) that cut
 //    the kernel from 2.02 to 1.48 ms with a gradient and from 1.34 to 0.93 ms without; the
@@ -41,6 +41,7 @@
 #include <torch/csrc/stable/library.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "fusedops/cross_entropy.h"
 #include "fusedops/cuda_norm.cuh"  // the cluster machinery (cluster_rank, launch_cluster, ...)
@@ -93,6 +94,19 @@ template <typename A>
 Opts options_of(const Args<A>& a) {
   if (a.softcap || (a.smoothing && a.weighted)) return Opts::kAll;
   return a.smoothing ? Opts::kSmooth : Opts::kNone;
+}
+
+// f(std::integral_constant<Opts, O>) for the O that a's options need: the kernel to launch.
+template <typename A, typename F>
+decltype(auto) with_options(const Args<A>& a, F&& f) {
+  switch (options_of(a)) {
+    case Opts::kNone:
+      return f(std::integral_constant<Opts, Opts::kNone>{});
+    case Opts::kSmooth:
+      return f(std::integral_constant<Opts, Opts::kSmooth>{});
+    default:
+      return f(std::integral_constant<Opts, Opts::kAll>{});
+  }
 }
 
 // 2^x in one MUFU instruction (denormal results flush to 0, which no sum of exponentials here
@@ -779,14 +793,12 @@ __global__ void __launch_bounds__(kSliceThreads)
   row_combine<true, A>(st, sh, nullptr);
   if (threadIdx.x != 0) return;
   A* r = stats + 4 * row;
-  if (st.m > r[0]) {
-    r[1] = (r[0] == neg_inf<A>() ? A(0) : r[1] * a_exp(r[0] - st.m)) + st.s;
-    r[0] = st.m;
-  } else if (st.m != neg_inf<A>()) {
-    r[1] += st.s * a_exp(st.m - r[0]);  // (a NaN maximum is carried by the sum, as in sweep_stats)
-  }
-  // (the running statistics hold sum_j w_j x_j: sum_j w_j m - st.wx)
+  // (the running statistics hold sum_j w_j x_j, not relative to the maximum: sum_j w_j m - st.wx)
   if (a.smoothing) r[2] += (st.w != A(0) ? st.w * st.m : A(0)) - st.wx;
+  Stats<A> run{r[0], r[1], 0, 0};
+  merge<false>(run, st);  // (a NaN maximum is carried by the sum, as in sweep_stats)
+  r[0] = run.m;
+  r[1] = run.s;
   const int64_t tl = t - class_start;
   if (tl >= 0 && tl < a.V) r[3] = capped(A(to_acc(x[tl])), a);
 }
@@ -995,11 +1007,9 @@ bool try_slices(const Args<acc_t<T>>& a, const Problem& p, cudaStream_t stream, 
   const Tensor part = empty_like_device(p.logits, {p.R * splits * 4}, acc_dtype(p.dtype));
   A* parts = part.mutable_data_ptr<A>();
   const unsigned blocks = unsigned(p.R * splits);
-  switch (options_of(a)) {
-    case Opts::kNone: split_kernel<T, Opts::kNone><<<blocks, kSplitThreads, 0, stream>>>(a, int(splits), parts); break;
-    case Opts::kSmooth: split_kernel<T, Opts::kSmooth><<<blocks, kSplitThreads, 0, stream>>>(a, int(splits), parts); break;
-    case Opts::kAll: split_kernel<T, Opts::kAll><<<blocks, kSplitThreads, 0, stream>>>(a, int(splits), parts); break;
-  }
+  with_options(a, [&](auto o) {
+    split_kernel<T, decltype(o)::value><<<blocks, kSplitThreads, 0, stream>>>(a, int(splits), parts);
+  });
   check_launch(op);
   constexpr int64_t kRowsPerBlock = kCombineThreads / 32;
   combine_kernel<T><<<unsigned((p.R + kRowsPerBlock - 1) / kRowsPerBlock), kCombineThreads, 0, stream>>>(
@@ -1015,16 +1025,10 @@ void run_rows(const Args<acc_t<T>>& a, const Problem& p, cudaStream_t stream, co
                       (!kGrad || (aligned16(a.grad) && rows_aligned(a.grad_rows, kVec)));
   if constexpr (sizeof(T) < 8) {
     if (!kGrad && vector && try_slices<T>(a, p, stream, op)) return;
-    if (vector) {
-      const int64_t vectors = p.V / kVec;
-      bool done = false;
-      switch (options_of(a)) {
-        case Opts::kNone: done = try_rows<T, kGrad, Opts::kNone>(a, p.R, vectors, stream, op); break;
-        case Opts::kSmooth: done = try_rows<T, kGrad, Opts::kSmooth>(a, p.R, vectors, stream, op); break;
-        case Opts::kAll: done = try_rows<T, kGrad, Opts::kAll>(a, p.R, vectors, stream, op); break;
-      }
-      if (done) return;
-    }
+    if (vector && with_options(a, [&](auto o) {
+          return try_rows<T, kGrad, decltype(o)::value>(a, p.R, p.V / kVec, stream, op);
+        }))
+      return;
   }
   if (vector) {
     sweep_kernel<T, kVec, kGrad><<<unsigned(p.R), kThreads, 0, stream>>>(a);

@@ -7,8 +7,9 @@ Launches of the forward:
 1. one program over the targets, in order: the "mean" denominators (the weights of the rows
    not ignored, and their count) and the first target outside [0, V) that is not ignore_index;
 2. one program per row: an online-softmax sweep over the row (maximum, sum of exp and, for
-   label smoothing, the weighted sum of the logits' distances below the maximum), then, when a gradient is wanted, a second sweep that reads the row again
-   (mostly from L2) and writes the gradient; ignored rows write zeros without reading;
+   label smoothing, the weighted sum of the logits' distances below the maximum), then, when a
+   gradient is wanted, a second sweep that reads the row again (mostly from L2) and writes the
+   gradient; ignored rows write zeros without reading;
 3. for "mean"/"sum", one program adding the per-row losses in row order (deterministic).
 A bad target is never used as an index: its row counts with weight NaN.
 
@@ -100,7 +101,8 @@ def _row_kernel(
     x_ptr, target_ptr, weight_ptr, stats_ptr, lse_ptr, rowloss_ptr, grad_ptr,
     T1, xs0, xs1, G1, gs0, gs1, V, ignore_index,
     eps, eps_lo, z, z_lo, cap, cap_lo,
-    MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr, GRAD: tl.constexpr,
+    MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SMOOTH: tl.constexpr,
+    GRAD: tl.constexpr,
     ACC: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -400,7 +402,8 @@ def forward(logits: Tensor, target: Tensor, weight: Optional[Tensor], ignore_ind
             *_split(label_smoothing), *_split(z_loss), *_split(softcap or 1.0),
         ),
         MEAN=reduction == "mean", HAS_WEIGHT=weight is not None, SOFTCAP=softcap is not None,
-        SMOOTH=label_smoothing > 0, GRAD=g is not None, ACC=tl_acc, BLOCK=_block(V), num_warps=8 if V >= 4096 else 4,
+        SMOOTH=label_smoothing > 0, GRAD=g is not None, ACC=tl_acc, BLOCK=_block(V),
+        num_warps=8 if V >= 4096 else 4,
     )
     if reduction != "none":
         _launch_sum((1,), (rowloss, stats, loss), (R,), MEAN=reduction == "mean", ACC=tl_acc,
