@@ -265,6 +265,54 @@ def test_large_logits_keep_their_precision(impl, offset):
                     torch.testing.assert_close(gx.double(), gr, atol=1e-3 / V, rtol=1e-4)
 
 
+def _non_finite_rows(V, generator):
+    """Rows of V logits whose non-finite values torch turns into a NaN or infinite loss, or
+    not: finite; NaN but for the first 16 values (the target's); a span of 64 NaN; all NaN; one
+    +inf; -inf but for the target; all -inf. Targets all lie in the first 16 columns."""
+    x = 3 * torch.randn(7, V, generator=generator)
+    t = torch.randint(0, 16, (7,), generator=generator)
+    x[1, 16:] = float("nan")
+    x[2, V // 2 - 32: V // 2 + 32] = float("nan")
+    x[3] = float("nan")
+    x[4, V - 1] = float("inf")
+    x[5] = float("-inf")
+    x[5, t[5]] = 2.0
+    x[6] = float("-inf")
+    return x, t
+
+
+@pytest.mark.parametrize("impl", ["cpu", pytest.param("cuda", marks=gpu),
+                                  pytest.param("triton-interpreter", marks=_INTERPRETER)])
+def test_non_finite_logits_like_torch(impl):
+    """NaN and infinite logits give torch's losses and gradients, NaN for NaN: a share of a row
+    holding only NaN (one thread's values, one block's) must not pass for an empty one, whose
+    statistics are (-inf, 0), or the NaN vanishes from the row's sum (every width class of the
+    GPU kernels: one block, a cluster or split blocks, the sweep; with label smoothing and with
+    softcap, whose kernels take their maximum their own ways)."""
+    interpreted = impl == "triton-interpreter"
+    device = "cpu" if interpreted else impl
+    op = ce_op.TRITON_IMPLS["cross_entropy"] if interpreted else torch.ops.fusedops.cross_entropy
+    g = torch.Generator().manual_seed(0)
+    widths = (64,) if interpreted else (64, 4096, 70000, 140000) if device == "cuda" else (64, 4096)
+    dtypes = (torch.float32,) if interpreted else (torch.float32, torch.bfloat16)
+    for V, dtype in [(V, dtype) for V in widths for dtype in dtypes]:
+        x, t = _non_finite_rows(V, g)
+        x, t = x.to(device=device, dtype=dtype), t.to(device)
+        for eps, cap in ((0.0, None), (0.1, None), (0.0, 30.0), (0.1, 30.0)):
+            xd = x.double().requires_grad_()
+            ref = reference(xd, t, reduction="none", label_smoothing=eps, softcap=cap)
+            (gr,) = torch.autograd.grad(ref.sum(), xd)
+            for want_grad in (True, False):
+                what = f"V={V} {dtype} label_smoothing={eps} softcap={cap} grad={want_grad}"
+                loss, _, gx, _ = op(x, t, None, -100, "none", eps, 0.0, cap, want_grad)
+                torch.testing.assert_close(loss.double(), ref.detach(), atol=1e-4, rtol=1e-4, equal_nan=True,
+                                           msg=lambda m: f"{what}: loss\n{m}")
+                if want_grad:
+                    rtol = 1e-4 if dtype == torch.float32 else 4e-3  # (the gradient is stored in bf16)
+                    torch.testing.assert_close(gx.double(), gr, atol=1e-3 / V, rtol=rtol, equal_nan=True,
+                                               msg=lambda m: f"{what}: gradient\n{m}")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_all_ignored_mean_is_nan_like_torch(device):
     x, t = _problem(device)

@@ -1,9 +1,10 @@
 """Benchmark entry of cross_entropy (the language-model loss over a vocabulary).
 
 Cases are LM heads in bf16: LLaMA-3 (V = 128256) at 8192 tokens, a 256K vocabulary (Gemma's
-256000) at 4096 tokens, LLaMA-2's 32000, and the causal-LM shift as users write it: the
+256000) at 4096 tokens, LLaMA-2's 32000, the causal-LM shift as users write it: the
 (B, T, V) logits of a batch, every position but the last against the labels shifted by one
-(``logits[:, :-1]``, strided rows). Targets are uniform class indices with one in ten set to
+(``logits[:, :-1]``, strided rows), and Gemma 2's head: 256000 classes with its final-logit
+softcapping (``softcap=30``, every provider: ``30 tanh(x / 30)`` before the loss). Targets are uniform class indices with one in ten set to
 ignore_index (padding); reduction "mean"; the incoming gradient is 1 (``loss.backward()``).
 
 Minimum-bytes model (N rows of V logits of s bytes):
@@ -44,18 +45,19 @@ from benchmarks.ops import _common
 BF16, FP32 = torch.bfloat16, torch.float32
 IGNORE = -100
 SMOOTHING = 0.1  # the "smooth" variant's label_smoothing
+SOFTCAP = 30.0  # Gemma 2's final_logit_softcapping
 
 
 @dataclass(frozen=True)
 class CECase(Case):
     """shape = (N, V), or (B, T, V) for the shifted variant (logits (B, T + 1, V) sliced to
-    their first T positions)."""
+    their first T positions); the softcap variant caps the logits at SOFTCAP."""
 
     variant: str = "plain"
 
     @property
     def shape_str(self) -> str:
-        return ("shifted:" if self.variant == "shifted" else "") + "x".join(str(d) for d in self.shape)
+        return ("" if self.variant == "plain" else f"{self.variant}:") + "x".join(str(d) for d in self.shape)
 
     @property
     def numel(self) -> int:
@@ -70,6 +72,7 @@ GPU_CASES = [
     CECase((4096, 256000), BF16, "large"),
     CECase((4096, 32000), BF16, "large"),
     CECase((4, 2048, 128256), BF16, "large", "shifted"),
+    CECase((4096, 256000), BF16, "large", "softcap"),
     CECase((16, 32000), BF16, "small"),
 ]
 CPU_CASES = [
@@ -99,29 +102,34 @@ def make_inputs(case, device, seed) -> Inputs:
     # refuses to overwrite a leaf, which the user holds. Made once, outside the timed calls, which
     # differentiate with respect to these logits.
     logits = leaf.mul(1)
-    return Inputs(args=(logits, target, case.variant == "shifted"), grad_argnums=(0,),
-                  grad_out=torch.ones((), device=device), names=("logits", "target", "shifted"))
+    softcap = SOFTCAP if case.variant == "softcap" else None
+    return Inputs(args=(logits, target, case.variant == "shifted", softcap), grad_argnums=(0,),
+                  grad_out=torch.ones((), device=device), names=("logits", "target", "shifted", "softcap"))
 
 
 def _view(logits, shifted):
     return logits[:, :-1] if shifted else logits
 
 
-def reference(logits, target, shifted, label_smoothing=0.0):
+def _capped(x, softcap):
+    return x if softcap is None else softcap * torch.tanh(x / softcap)
+
+
+def reference(logits, target, shifted, softcap, label_smoothing=0.0):
     """fp32 math (the logits upcast, as Hugging Face's loss does); torch.compile compiles this."""
-    x = _view(logits, shifted)
+    x = _capped(_view(logits, shifted).float(), softcap)
     V = x.shape[-1]
-    return F.cross_entropy(x.float().reshape(-1, V), target.long().reshape(-1), ignore_index=IGNORE,
+    return F.cross_entropy(x.reshape(-1, V), target.long().reshape(-1), ignore_index=IGNORE,
                            label_smoothing=label_smoothing)
 
 
-def _reference_smoothed(logits, target, shifted):
-    return reference(logits, target, shifted, label_smoothing=SMOOTHING)
+def _reference_smoothed(logits, target, shifted, softcap):
+    return reference(logits, target, shifted, softcap, label_smoothing=SMOOTHING)
 
 
 def _eager(case, device):
-    def run(logits, target, shifted):
-        x = _view(logits, shifted)
+    def run(logits, target, shifted, softcap):
+        x = _capped(_view(logits, shifted), softcap)
         return F.cross_entropy(x.reshape(-1, x.shape[-1]), target.reshape(-1), ignore_index=IGNORE)
 
     return run
@@ -143,12 +151,13 @@ def _liger(case, device):
         arg_names=("x", "t"),
         aliases={"x": ("_input", "input", "x", "logits"), "t": ("target", "y")},
         wanted={"weight": None, "ignore_index": IGNORE, "reduction": "mean", "lse_square_scale": 0.0,
-                "label_smoothing": 0.0, "softcap": None, "return_z_loss": False},
+                "label_smoothing": 0.0, "softcap": SOFTCAP if case.variant == "softcap" else None,
+                "return_z_loss": False},
         assumed=("_input", "target", "weight", "ignore_index", "lse_square_scale", "label_smoothing",
                  "reduction", "softcap", "return_z_loss"),  # liger 0.8's order
     )
 
-    def run(logits, target, shifted):
+    def run(logits, target, shifted, softcap):  # (softcap: in `wanted`)
         x = _view(logits, shifted)
         out = apply(x.reshape(-1, x.shape[-1]), target.reshape(-1))  # (a copy for the shifted rows)
         return out[0] if isinstance(out, (tuple, list)) else out
@@ -162,9 +171,9 @@ def _fusedops_factory(inplace_grad, label_smoothing=0.0):
 
         f = fusedops.cross_entropy
 
-        def run(logits, target, shifted):
+        def run(logits, target, shifted, softcap):
             return f(_view(logits, shifted), target, ignore_index=IGNORE, inplace_grad=inplace_grad,
-                     label_smoothing=label_smoothing)
+                     label_smoothing=label_smoothing, softcap=softcap)
 
         return run
 
@@ -176,9 +185,9 @@ def _fusedops_no_grad(case, device):
 
     f = fusedops.cross_entropy
 
-    def run(logits, target, shifted):
+    def run(logits, target, shifted, softcap):
         with torch.no_grad():
-            return f(_view(logits, shifted), target, ignore_index=IGNORE)
+            return f(_view(logits, shifted), target, ignore_index=IGNORE, softcap=softcap)
 
     return run
 
@@ -186,8 +195,8 @@ def _fusedops_no_grad(case, device):
 def _fusedops_raw(case, device):
     op = torch.ops.fusedops.cross_entropy.default
 
-    def run(logits, target, shifted):
-        return op(_view(logits, shifted), target, None, IGNORE, "mean", 0.0, 0.0, None, False)[0].to(logits.dtype)
+    def run(logits, target, shifted, softcap):
+        return op(_view(logits, shifted), target, None, IGNORE, "mean", 0.0, 0.0, softcap, False)[0].to(logits.dtype)
 
     return run
 

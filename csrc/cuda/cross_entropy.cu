@@ -82,17 +82,19 @@ struct Args {
   int64_t ignore_index;
   int V;
   bool mean, softcap, weighted, smoothing;
-  A eps, z, cap, inv_cap, inv_v;  // (reciprocals from the host: no division in the kernels)
+  // (reciprocals from the host: no division in the kernels; cap_k = 2 log2(e) / cap)
+  A eps, z, cap, inv_cap, cap_k, inv_v;
 };
 
 // The options a register kernel is compiled for: none; label smoothing without class weights
-// or softcap (the common training setting, which stays on the fast path at one more add a
-// value); or any (softcap, class-weighted smoothing).
-enum class Opts { kNone, kSmooth, kAll };
+// (the common training setting, which stays on the fast path at one more add a value);
+// softcap, with or without that smoothing (Gemma 2's logits); or any (class-weighted smoothing).
+enum class Opts { kNone, kSmooth, kCap, kAll };
 
 template <typename A>
 Opts options_of(const Args<A>& a) {
-  if (a.softcap || (a.smoothing && a.weighted)) return Opts::kAll;
+  if (a.smoothing && a.weighted) return Opts::kAll;
+  if (a.softcap) return Opts::kCap;
   return a.smoothing ? Opts::kSmooth : Opts::kNone;
 }
 
@@ -104,6 +106,8 @@ decltype(auto) with_options(const Args<A>& a, F&& f) {
       return f(std::integral_constant<Opts, Opts::kNone>{});
     case Opts::kSmooth:
       return f(std::integral_constant<Opts, Opts::kSmooth>{});
+    case Opts::kCap:
+      return f(std::integral_constant<Opts, Opts::kCap>{});
     default:
       return f(std::integral_constant<Opts, Opts::kAll>{});
   }
@@ -151,15 +155,21 @@ __device__ __forceinline__ A neg_inf() {
     return __int_as_float(static_cast<int>(0xff800000u));
 }
 
+// softcap(v) = cap tanh(v / cap). In float32 as cap - 2 cap / (1 + e^(2 v / cap)): one MUFU
+// exponential and one MUFU reciprocal, where tanhf's range split and polynomial took ~20
+// instructions and a branch a value (three times a value with a gradient: softcap was the
+// slow path). The approximate exponential's error leaves the result within about 3e-7 cap of
+// the true one (4 ulp of float32 at cap; the logits' own rounding in bf16 is ~1e4 times that);
+// e = inf gives cap, e = 0 gives -cap, NaN stays NaN.
 template <typename A>
 __device__ __forceinline__ A capped(A v, const Args<A>& a) {
-  if (a.softcap) {
-    if constexpr (sizeof(A) == 8)
-      return a.cap * tanh(v * a.inv_cap);
-    else
-      return a.cap * tanhf(v * a.inv_cap);
+  if (!a.softcap) return v;
+  if constexpr (sizeof(A) == 8) {
+    return a.cap * tanh(v * a.inv_cap);
+  } else {
+    const float e = ex2_approx(v * a.cap_k);
+    return fmaf(-2.f * a.cap, fusedops::norm::cuda::rcp_acc(1.f + e), a.cap);
   }
-  return v;
 }
 
 template <typename T, typename A>
@@ -451,34 +461,40 @@ __device__ __forceinline__ void share_stats(const Args<acc_t<T>>& a, const Held<
   st.wx = 0;
   st.w = 0;
   if constexpr (O != Opts::kAll) {
+    constexpr bool kCap = O == Opts::kCap;
+    // (softcap is increasing: the largest capped value is the largest value capped)
+    const auto value = [&](int i, int e) { return kCap ? capped(float(acc_at(xv[i], e)), a) : acc_at(xv[i], e); };
+    int n = 0;  // the live values
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (live(i)) n += VEC;
     m = share_max<T, VPT, VEC>(xv, live);
-    const float mb = m * kLog2e;  // (see exp_from)
-    float args = 0;  // kSmooth: the sum of the exponentials' arguments
-    int n = 0;       // kSmooth: the live values
+    if (kCap) m = n > 0 ? capped(m, a) : neg_inf<A>();  // (-inf logits are capped to -cap)
+    // The exponentials' base: m, or 0 for a share whose maximum is -inf, which holds only -inf
+    // (each exp(v) 0) or NaN as well: the maximum skips NaN, the sum must not, or a NaN logit
+    // would vanish from its row's loss (torch's is NaN).
+    const float base = m == neg_inf<A>() ? 0.f : m;
+    const float mb = base * kLog2e;  // (see exp_from)
+    float args = 0;  // label smoothing: the sum of the exponentials' arguments
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
       if (live(i)) {
         float part = 0, part_args = 0;
-        if (m != neg_inf<A>()) {
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            const float arg = exp_arg<T>(acc_at(xv[i], e), m, mb);
-            part += ex2_approx(arg);
-            if constexpr (O == Opts::kSmooth) part_args += arg;
-          }
+        for (int e = 0; e < VEC; ++e) {
+          const float arg = exp_arg<T>(value(i, e), base, mb);
+          part += ex2_approx(arg);
+          if constexpr (O != Opts::kNone) part_args += arg;
         }
         s += part;
-        if constexpr (O == Opts::kSmooth) {
-          args += part_args;
-          n += VEC;
-        }
+        if constexpr (O != Opts::kNone) args += part_args;
       }
-    if constexpr (O == Opts::kSmooth) {
+    if (O == Opts::kSmooth || (kCap && a.smoothing)) {
       // Label smoothing's sum of (m - v_j), from the arguments the exponentials took anyway: one
       // more add a value. arg_j = log2(e) (v_j - m) + r, r = log2(e) m - mb being mb's rounding,
       // which fmaf gives exactly (a product's rounding error is representable). The arguments
       // are never positive, so their sum keeps its relative precision. A share of -inf logits
-      // only: each one's term is +inf, as below().
+      // only (no softcap): each one's term is +inf, as below().
       const float r = sizeof(T) == 2 ? fmaf(m, kLog2e, -mb) : 0.f;
       st.wx = m == neg_inf<A>() ? (n > 0 ? -neg_inf<A>() : A(0)) : (float(n) * r - args) * kLn2;
       st.w = float(n);
@@ -494,13 +510,14 @@ __device__ __forceinline__ void share_stats(const Args<acc_t<T>>& a, const Held<
           m = v > m ? v : m;  // (a NaN is carried by the sum of exp instead)
         }
       }
+    const A base = m == neg_inf<A>() ? A(0) : m;  // (as above: a NaN must reach the sum)
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
       if (live(i)) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           const A v = capped(A(acc_at(xv[i], e)), a);
-          if (m != neg_inf<A>()) s += a_exp(v - m);
+          s += a_exp(v - base);
           if (a.smoothing) {
             const A w = a.weighted ? weight_at<T>(a, col(i) + e) : A(1);
             st.wx += w * below(m, v);
@@ -522,9 +539,14 @@ __device__ __forceinline__ void vector_grad(const Args<acc_t<T>>& a, const RowCo
     const float bb = c.base * kLog2e;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
-      const float p = exp_from<T>(acc_at(x, e), c.base, bb);
-      d[e] = O == Opts::kSmooth ? fmaf(p, c.scale, -c.cw) : p * c.scale;
+      const float v = O == Opts::kCap ? capped(float(acc_at(x, e)), a) : acc_at(x, e);
+      const float p = exp_from<T>(v, c.base, bb);
+      d[e] = O == Opts::kNone ? p * c.scale : fmaf(p, c.scale, -c.cw);  // (cw = 0 without smoothing)
       if (col + e == t) d[e] -= c.ct;
+      if constexpr (O == Opts::kCap) {
+        const float u = v * a.inv_cap;  // tanh(x / cap): softcap' = 1 - u^2
+        d[e] *= fmaf(-u, u, 1.f);
+      }
     }
   } else {
 #pragma unroll
@@ -545,7 +567,8 @@ __device__ __forceinline__ void zero_columns(T* g, int64_t col) {
 template <Opts O, typename A>
 __device__ __forceinline__ Args<A> options_compiled(const Args<A>& args) {
   Args<A> a = args;
-  if constexpr (O != Opts::kAll) a.softcap = false;
+  if constexpr (O == Opts::kNone || O == Opts::kSmooth) a.softcap = false;
+  if constexpr (O == Opts::kCap) a.softcap = true;
   if constexpr (O == Opts::kNone) a.smoothing = false;
   if constexpr (O == Opts::kSmooth) {
     a.smoothing = true;
@@ -704,10 +727,11 @@ __device__ __forceinline__ void sweep_stats(const Args<acc_t<T>>& a, const T* x,
 #pragma unroll
     for (int e = 1; e < VEC; ++e) vm = vm > v[e] ? vm : v[e];
     if (vm > st.m) rebase<true>(st, vm);
-    if (st.m != neg_inf<A>()) {
+    // (a maximum still -inf: the values are -inf, each exp(v - 0) 0, or NaN, which the
+    // maximum skips and the sum must carry)
+    const A base = st.m == neg_inf<A>() ? A(0) : st.m;
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) st.s += a_exp(v[e] - st.m);
-    }
+    for (int e = 0; e < VEC; ++e) st.s += a_exp(v[e] - base);
     if (a.smoothing) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
@@ -1079,6 +1103,7 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
     a.z = A(p.z_loss);
     a.cap = A(p.softcap > 0 ? p.softcap : 1.0);
     a.inv_cap = A(1.0 / (p.softcap > 0 ? p.softcap : 1.0));
+    a.cap_k = A(2.0 / std::log(2.0) / (p.softcap > 0 ? p.softcap : 1.0));
     a.inv_v = A(1.0 / double(p.V));
     if (o.grad)
       run_rows<DT, true>(a, p, stream, op);
@@ -1152,6 +1177,7 @@ void slice_typed(const SliceProblem& s, bool grad, const char* op) {
   a.smoothing = s.smoothing;
   a.cap = A(s.softcap > 0 ? s.softcap : 1.0);
   a.inv_cap = A(1.0 / (s.softcap > 0 ? s.softcap : 1.0));
+  a.cap_k = A(2.0 / std::log(2.0) / (s.softcap > 0 ? s.softcap : 1.0));
   const bool vector = s.S % kVec == 0 && aligned16(a.x) && rows_aligned(s.rows, kVec);
   const unsigned blocks = unsigned(s.R);
   if (grad) {

@@ -141,9 +141,10 @@ def _row_kernel(
             v = _softcapped(tl.load(x_row + c, mask=mask, other=0.0).to(ACC), cap, SOFTCAP)
             v_m = tl.where(mask, v, float("-inf"))
             m_new = tl.maximum(m, v_m)
-            # Lanes still at -inf (no element yet) keep a zero sum: exp(-inf - -inf) is NaN.
+            # Lanes still at -inf (no element yet) keep a zero sum: exp(-inf - -inf) is NaN. A NaN
+            # logit, which the maximum may skip, still makes the sum NaN, as torch's loss.
             alpha = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
-            s = s * alpha + tl.where(v_m > float("-inf"), tl.exp(v_m - m_new), 0.0)
+            s = s * alpha + tl.where(v_m == float("-inf"), 0.0, tl.exp(v_m - m_new))
             if SMOOTH:
                 if HAS_WEIGHT:
                     w = tl.load(weight_ptr + c, mask=mask, other=0.0).to(ACC)
@@ -263,7 +264,7 @@ def _slice_stats_kernel(x_ptr, target_ptr, weight_ptr, stats_ptr, xs, S, class_s
             v_m = tl.where(mask, v, float("-inf"))
             m_new = tl.maximum(m, v_m)
             alpha = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
-            s = s * alpha + tl.where(v_m > float("-inf"), tl.exp(v_m - m_new), 0.0)
+            s = s * alpha + tl.where(v_m == float("-inf"), 0.0, tl.exp(v_m - m_new))  # (as _row_kernel's)
             m = m_new
             if SMOOTH:
                 if HAS_WEIGHT:
@@ -278,8 +279,9 @@ def _slice_stats_kernel(x_ptr, target_ptr, weight_ptr, stats_ptr, xs, S, class_s
         m0 = tl.load(r).to(ACC)
         s0 = tl.load(r + 1).to(ACC)
         mx = tl.maximum(m0, mb)
-        s0 = tl.where(m0 == float("-inf"), 0.0, s0 * tl.exp(m0 - mx))
-        sb = tl.where(mb == float("-inf"), 0.0, sb * tl.exp(mb - mx))
+        # (a sum of -inf logits is 0, one with a NaN NaN: the factors are 0 then, the sums kept)
+        s0 = s0 * tl.where(m0 == float("-inf"), 0.0, tl.exp(m0 - mx))
+        sb = sb * tl.where(mb == float("-inf"), 0.0, tl.exp(mb - mx))
         tl.store(r, mx)
         tl.store(r + 1, s0 + sb)
         if SMOOTH:
