@@ -432,14 +432,18 @@ WIDE = [32000, 128256, 256000, 262152, 32001, 131073]
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("V", WIDE)
-@pytest.mark.parametrize("ls_z_cap", [(0.0, 0.0, None), (0.1, 1e-4, 30.0)], ids=["plain", "options"])
+@pytest.mark.parametrize("ls_z_cap_w", [(0.0, 0.0, None, False), (0.1, 1e-4, 30.0, True), (0.0, 1e-4, 30.0, True),
+                                        (0.1, 0.0, 30.0, False)],
+                         ids=["plain", "options", "softcap-weight", "softcap-smoothing"])
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
-def test_wide_rows(device, V, dtype, ls_z_cap):
-    ls, z, cap = ls_z_cap
+def test_wide_rows(device, V, dtype, ls_z_cap_w):
+    """Every option set the CUDA kernels compile apart (plain; softcap, with class weights or
+    with unweighted smoothing; class-weighted smoothing) at every width class."""
+    ls, z, cap, weighted = ls_z_cap_w
     x = (3 * torch.randn(5, V, device=device)).to(dtype).requires_grad_()
     t = torch.randint(0, V, (5,), device=device)
     t[2] = -100
-    w = torch.rand(V, device=device) + 0.5 if ls else None
+    w = torch.rand(V, device=device) + 0.5 if weighted else None
     kw = dict(weight=w, reduction="sum", label_smoothing=ls, z_loss=z, softcap=cap)
     loss = fusedops.cross_entropy(x, t, **kw)
     go = torch.tensor(1.5, device=device)

@@ -83,6 +83,8 @@ def samples(device, dtype, requires_grad=False, edge=True):
         ((4, 64), "sum", False, 0, 0.0, 0.1, None, "z_loss"),
         ((5, 96), "mean", True, 2, 0.0, 0.05, None, "z_loss weight mean"),
         ((4, 128), "none", False, 3, 0.0, 0.0, 5.0, "softcap"),
+        ((5, 136), "mean", True, 2, 0.0, 0.01, 6.0, "softcap weight z_loss"),
+        ((3, 72), "sum", False, 0, 0.1, 0.0, 4.0, "softcap+smoothing (no weight)"),
         ((7, 96), "mean", True, 3, 0.1, 0.05, 3.0, "every option"),
         ((3, 40), "sum", False, 0, 1.0, 0.0, None, "label_smoothing 1"),
         ((5, 1), "sum", False, 0, 0.1, 0.0, None, "V=1"),

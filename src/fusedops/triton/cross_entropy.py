@@ -84,19 +84,6 @@ def _softcapped(v, cap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def _below(m, x):
-    # m - x, and +inf for x = -inf even where m is -inf too: such a logit's smoothing term is
-    # w * inf, as torch's.
-    return tl.where(x == float("-inf"), float("inf"), m - x)
-
-
-@triton.jit
-def _rebased(wx, ws, m, m_new):
-    # A smoothing sum wx = sum of w_j (m - x_j) over weights summing to ws, moved to m_new >= m.
-    return wx + tl.where((ws != 0) & (m != m_new), ws * (m_new - m), 0.0)
-
-
-@triton.jit
 def _row_kernel(
     x_ptr, target_ptr, weight_ptr, stats_ptr, lse_ptr, rowloss_ptr, grad_ptr,
     T1, xs0, xs1, G1, gs0, gs1, V, ignore_index,
@@ -129,16 +116,19 @@ def _row_kernel(
         ts = tl.where(valid, t, 0)
         m = tl.full([BLOCK], float("-inf"), ACC)
         s = tl.zeros([BLOCK], ACC)
-        # Label smoothing's sum of w_j x_j is kept as sum of w_j (m - x_j), relative to the
-        # maximum as the exponentials are: its terms are never negative, so it keeps its
-        # precision for logits far from 0, where a plain sum of w_j x_j loses float32's (at 1e7
-        # its spacing is 512).
+        xt = _softcapped(tl.load(x_row + ts).to(ACC), cap, SOFTCAP)
+        # Label smoothing's sum of w_j x_j is kept relative to c = shift, the target's logit (one of the
+        # row's own values, 0 if it is not finite): sum of w_j (x_j - c). A plain sum of w_j x_j
+        # loses float32's precision for logits far from 0 (at 1e7 its spacing is 512, where the
+        # loss wants W lse - sum w_j x_j to 1e-6); differences from a value of the row do not,
+        # and cost one subtraction a value, where keeping the sum relative to a moving maximum
+        # cost a rebase of every lane at every step.
+        shift = tl.where(tl.abs(xt) < float("inf"), xt, 0.0)
         wx = tl.zeros([BLOCK], ACC)
-        ws = tl.zeros([BLOCK], ACC)
         for start in range(0, V, BLOCK):
-            c = start + cols
-            mask = c < V
-            v = _softcapped(tl.load(x_row + c, mask=mask, other=0.0).to(ACC), cap, SOFTCAP)
+            cc = start + cols
+            mask = cc < V
+            v = _softcapped(tl.load(x_row + cc, mask=mask, other=0.0).to(ACC), cap, SOFTCAP)
             v_m = tl.where(mask, v, float("-inf"))
             m_new = tl.maximum(m, v_m)
             # Lanes still at -inf (no element yet) keep a zero sum: exp(-inf - -inf) is NaN. A NaN
@@ -147,11 +137,10 @@ def _row_kernel(
             s = s * alpha + tl.where(v_m == float("-inf"), 0.0, tl.exp(v_m - m_new))
             if SMOOTH:
                 if HAS_WEIGHT:
-                    w = tl.load(weight_ptr + c, mask=mask, other=0.0).to(ACC)
+                    w = tl.load(weight_ptr + cc, mask=mask, other=0.0).to(ACC)
+                    wx += tl.where(mask, w * (v - shift), 0.0)
                 else:
-                    w = tl.where(mask, 1.0, 0.0).to(ACC)
-                wx = _rebased(wx, ws, m, m_new) + tl.where(mask, w * _below(m_new, v), 0.0)
-                ws += w
+                    wx += tl.where(mask, v - shift, 0.0)
             m = m_new
         mx = tl.max(m, 0)
         scale = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx))
@@ -160,7 +149,6 @@ def _row_kernel(
         # max), never from lse once rounded: float32's spacing at 1e4 is 1e-3.
         ls = tl.log(sum_s)
         lse = mx + ls
-        xt = _softcapped(tl.load(x_row + ts).to(ACC), cap, SOFTCAP)
         if HAS_WEIGHT:
             wt = tl.load(weight_ptr + ts).to(ACC)
             w_sum = tl.load(stats_ptr + 2)
@@ -171,7 +159,9 @@ def _row_kernel(
         inv_v = 1.0 / (V + tl.zeros([], ACC))  # (V == 1 arrives as a constant, not a tensor)
         ce = (1.0 - eps) * wt * (ls - (xt - mx))
         if SMOOTH:
-            ce += eps * inv_v * (w_sum * ls + tl.sum(_rebased(wx, ws, m, mx), 0))
+            # W lse - sum w_j x_j = W ls + (W (mx - c) - sum w_j (x_j - c)): the smoothing
+            # term, +inf where a logit is -inf (as torch's).
+            ce += eps * inv_v * (w_sum * ls + (w_sum * (mx - shift) - tl.sum(wx, 0)))
         zl = z * lse * lse
         if MEAN:
             sw = 1.0 / tl.load(stats_ptr).to(ACC)
