@@ -287,8 +287,8 @@ def test_non_finite_logits_like_torch(impl):
     """NaN and infinite logits give torch's losses and gradients, NaN for NaN: a share of a row
     holding only NaN (one thread's values, one block's) must not pass for an empty one, whose
     statistics are (-inf, 0), or the NaN vanishes from the row's sum (every width class of the
-    GPU kernels: one block, a cluster or split blocks, the sweep; with label smoothing and with
-    softcap, whose kernels take their maximum their own ways)."""
+    GPU kernels: one block, a cluster or split blocks, the sweep; with label smoothing, class
+    weights and softcap, whose kernels take their maximum and sums their own ways)."""
     interpreted = impl == "triton-interpreter"
     device = "cpu" if interpreted else impl
     op = ce_op.TRITON_IMPLS["cross_entropy"] if interpreted else torch.ops.fusedops.cross_entropy
@@ -298,13 +298,17 @@ def test_non_finite_logits_like_torch(impl):
     for V, dtype in [(V, dtype) for V in widths for dtype in dtypes]:
         x, t = _non_finite_rows(V, g)
         x, t = x.to(device=device, dtype=dtype), t.to(device)
-        for eps, cap in ((0.0, None), (0.1, None), (0.0, 30.0), (0.1, 30.0)):
+        w = (0.5 + torch.rand(V, generator=g)).to(device)  # (float32 weights, beside bf16 logits too)
+        for eps, cap, weight in ((0.0, None, None), (0.1, None, None), (0.0, 30.0, None), (0.1, 30.0, None),
+                                 (0.1, None, w), (0.1, 30.0, w)):
             xd = x.double().requires_grad_()
-            ref = reference(xd, t, reduction="none", label_smoothing=eps, softcap=cap)
+            wd = None if weight is None else weight.double()
+            ref = reference(xd, t, weight=wd, reduction="none", label_smoothing=eps, softcap=cap)
             (gr,) = torch.autograd.grad(ref.sum(), xd)
             for want_grad in (True, False):
-                what = f"V={V} {dtype} label_smoothing={eps} softcap={cap} grad={want_grad}"
-                loss, _, gx, _ = op(x, t, None, -100, "none", eps, 0.0, cap, want_grad)
+                what = (f"V={V} {dtype} label_smoothing={eps} softcap={cap} weighted={weight is not None} "
+                        f"grad={want_grad}")
+                loss, _, gx, _ = op(x, t, weight, -100, "none", eps, 0.0, cap, want_grad)
                 torch.testing.assert_close(loss.double(), ref.detach(), atol=1e-4, rtol=1e-4, equal_nan=True,
                                            msg=lambda m: f"{what}: loss\n{m}")
                 if want_grad:

@@ -26,7 +26,9 @@ shifted case is made contiguous first, as users of it do); the subject "fusedops
 (``fusedops.cross_entropy``, a separate gradient buffer) and "fusedops+inplace-<backend>"
 (``inplace_grad=True``: the gradient written into the logits, like Liger), and
 "fusedops+smooth-<backend>" (``label_smoothing=0.1``: what the option costs beside the plain
-call, checked against a smoothed reference; no peer runs it). The inputs require
+call, checked against a smoothed reference; no peer runs it), "fusedops+wsmooth-<backend>" (the
+same with class weights, ``class_weights(V)``: the option set that loads the weights beside the
+logits). The inputs require
 grad, so a fused forward (fusedops, Liger) also writes the gradient in "fwd"; the forward alone
 as inference runs it is "fusedops+nograd-<backend>" (under ``torch.no_grad()``, fwd only).
 Peak memory is recorded per call (``peak MiB``): the gradient buffer shows there.
@@ -127,6 +129,20 @@ def _reference_smoothed(logits, target, shifted, softcap):
     return reference(logits, target, shifted, softcap, label_smoothing=SMOOTHING)
 
 
+def class_weights(V, device):
+    """The wsmooth variant's class weights: 0.5, 0.625, ..., 1.25 in turn over the classes,
+    exact in bf16, so that the subject (weights in the logits' dtype) and its fp32 reference
+    use the same values."""
+    return 0.5 + (torch.arange(V, device=device) % 7).float() / 8
+
+
+def _reference_weighted_smoothed(logits, target, shifted, softcap):
+    x = _capped(_view(logits, shifted).float(), softcap)
+    V = x.shape[-1]
+    return F.cross_entropy(x.reshape(-1, V), target.long().reshape(-1), weight=class_weights(V, x.device),
+                           ignore_index=IGNORE, label_smoothing=SMOOTHING)
+
+
 def _eager(case, device):
     def run(logits, target, shifted, softcap):
         x = _capped(_view(logits, shifted), softcap)
@@ -165,14 +181,15 @@ def _liger(case, device):
     return run
 
 
-def _fusedops_factory(inplace_grad, label_smoothing=0.0):
+def _fusedops_factory(inplace_grad, label_smoothing=0.0, weighted=False):
     def factory(case, device):
         import fusedops
 
         f = fusedops.cross_entropy
+        weight = class_weights(case.shape[-1], device).to(case.dtype) if weighted else None
 
         def run(logits, target, shifted, softcap):
-            return f(_view(logits, shifted), target, ignore_index=IGNORE, inplace_grad=inplace_grad,
+            return f(_view(logits, shifted), target, weight=weight, ignore_index=IGNORE, inplace_grad=inplace_grad,
                      label_smoothing=label_smoothing, softcap=softcap)
 
         return run
@@ -223,8 +240,10 @@ ENTRY = OpEntry(
         Provider("liger", _probe_liger, _liger),
         *_common.fusedops_providers("cross_entropy", _fusedops_factory(False), _fusedops_raw,
                                     variants={"inplace": _fusedops_factory(True),
-                                              "smooth": _fusedops_factory(False, label_smoothing=SMOOTHING)},
-                                    variant_references={"smooth": _reference_smoothed}),
+                                              "smooth": _fusedops_factory(False, label_smoothing=SMOOTHING),
+                                              "wsmooth": _fusedops_factory(False, SMOOTHING, weighted=True)},
+                                    variant_references={"smooth": _reference_smoothed,
+                                                        "wsmooth": _reference_weighted_smoothed}),
         # The forward alone as inference runs it (no gradient wanted: one read of the logits);
         # with the logits requiring grad, fusedops' (and Liger's) forward also writes the gradient.
         Provider("fusedops+nograd", lambda device: _common.probe_fusedops("cross_entropy", device, variant="nograd"),

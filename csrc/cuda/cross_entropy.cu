@@ -88,12 +88,13 @@ struct Args {
 
 // The options a register kernel is compiled for: none; label smoothing without class weights
 // (the common training setting, which stays on the fast path at one more add a value);
-// softcap, with or without that smoothing (Gemma 2's logits); or any (class-weighted smoothing).
-enum class Opts { kNone, kSmooth, kCap, kAll };
+// softcap, with or without that smoothing (Gemma 2's logits); class-weighted smoothing, with or
+// without softcap (the class weights loaded beside the logits).
+enum class Opts { kNone, kSmooth, kCap, kWeightedSmooth };
 
 template <typename A>
 Opts options_of(const Args<A>& a) {
-  if (a.smoothing && a.weighted) return Opts::kAll;
+  if (a.smoothing && a.weighted) return Opts::kWeightedSmooth;
   if (a.softcap) return Opts::kCap;
   return a.smoothing ? Opts::kSmooth : Opts::kNone;
 }
@@ -109,7 +110,7 @@ decltype(auto) with_options(const Args<A>& a, F&& f) {
     case Opts::kCap:
       return f(std::integral_constant<Opts, Opts::kCap>{});
     default:
-      return f(std::integral_constant<Opts, Opts::kAll>{});
+      return f(std::integral_constant<Opts, Opts::kWeightedSmooth>{});
   }
 }
 
@@ -452,105 +453,103 @@ __device__ __forceinline__ float share_max(const Held<T, VEC> (&xv)[VPT], Live l
   }
 }
 
-// The statistics (Stats) of this thread's live values v_j (capped) of columns col(i) + e.
-template <typename T, int VPT, Opts O, int VEC, typename Live, typename Col>
-__device__ __forceinline__ void share_stats(const Args<acc_t<T>>& a, const Held<T, VEC> (&xv)[VPT], Live live,
-                                            Col col, Stats<acc_t<T>>& st) {
-  using A = acc_t<T>;
-  A m, s = 0;
-  st.wx = 0;
-  st.w = 0;
-  if constexpr (O != Opts::kAll) {
-    constexpr bool kCap = O == Opts::kCap;
-    // (softcap is increasing: the largest capped value is the largest value capped)
-    const auto value = [&](int i, int e) { return kCap ? capped(float(acc_at(xv[i], e)), a) : acc_at(xv[i], e); };
-    int n = 0;  // the live values
+// The class weights of columns col .. col + VEC - 1 (16-byte loads: run_rows takes this path
+// only for 16-byte aligned weights; they are L2-resident, V values against every row's V).
+template <typename T, int VEC>
+__device__ __forceinline__ void weights_at(const Args<float>& a, int64_t col, float (&w)[VEC]) {
+  if (a.weight32) {
+    const Vec<float, VEC> v = load_vec<float, VEC>(static_cast<const float*>(a.weight) + col);
 #pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      if (live(i)) n += VEC;
-    m = share_max<T, VPT, VEC>(xv, live);
-    if (kCap) m = n > 0 ? capped(m, a) : neg_inf<A>();  // (-inf logits are capped to -cap)
-    // The exponentials' base: m, or 0 for a share whose maximum is -inf, which holds only -inf
-    // (each exp(v) 0) or NaN as well: the maximum skips NaN, the sum must not, or a NaN logit
-    // would vanish from its row's loss (torch's is NaN).
-    const float base = m == neg_inf<A>() ? 0.f : m;
-    const float mb = base * kLog2e;  // (see exp_from)
-    float args = 0;  // label smoothing: the sum of the exponentials' arguments
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      if (live(i)) {
-        float part = 0, part_args = 0;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const float arg = exp_arg<T>(value(i, e), base, mb);
-          part += ex2_approx(arg);
-          if constexpr (O != Opts::kNone) part_args += arg;
-        }
-        s += part;
-        if constexpr (O != Opts::kNone) args += part_args;
-      }
-    if (O == Opts::kSmooth || (kCap && a.smoothing)) {
-      // Label smoothing's sum of (m - v_j), from the arguments the exponentials took anyway: one
-      // more add a value. arg_j = log2(e) (v_j - m) + r, r = log2(e) m - mb being mb's rounding,
-      // which fmaf gives exactly (a product's rounding error is representable). The arguments
-      // are never positive, so their sum keeps its relative precision. A share of -inf logits
-      // only (no softcap): each one's term is +inf, as below().
-      const float r = sizeof(T) == 2 ? fmaf(m, kLog2e, -mb) : 0.f;
-      st.wx = m == neg_inf<A>() ? (n > 0 ? -neg_inf<A>() : A(0)) : (float(n) * r - args) * kLn2;
-      st.w = float(n);
-    }
+    for (int e = 0; e < VEC; ++e) w[e] = v.v[e];
   } else {
-    m = neg_inf<A>();
+    const Held<T, VEC> v = load_held<T, VEC>(static_cast<const T*>(a.weight) + col);
 #pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      if (live(i)) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const A v = capped(A(acc_at(xv[i], e)), a);
-          m = v > m ? v : m;  // (a NaN is carried by the sum of exp instead)
-        }
-      }
-    const A base = m == neg_inf<A>() ? A(0) : m;  // (as above: a NaN must reach the sum)
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      if (live(i)) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const A v = capped(A(acc_at(xv[i], e)), a);
-          s += a_exp(v - base);
-          if (a.smoothing) {
-            const A w = a.weighted ? weight_at<T>(a, col(i) + e) : A(1);
-            st.wx += w * below(m, v);
-            st.w += w;
-          }
-        }
-      }
+    for (int e = 0; e < VEC; ++e) w[e] = acc_at(v, e);
   }
+}
+
+// The statistics (Stats) of this thread's live values v_j (capped) of columns col(i) + e.
+// (The register kernels serve 16-bit and float32 logits: the accumulator is float.)
+template <typename T, int VPT, Opts O, int VEC, typename Live, typename Col>
+__device__ __forceinline__ void share_stats(const Args<float>& a, const Held<T, VEC> (&xv)[VPT], Live live, Col col,
+                                            Stats<float>& st) {
+  constexpr bool kWeights = O == Opts::kWeightedSmooth;
+  constexpr bool kCapping = O == Opts::kCap || kWeights;  // (kWeightedSmooth: capped() asks a.softcap)
+  // (softcap is increasing: the largest capped value is the largest value capped)
+  const auto value = [&](int i, int e) { return kCapping ? capped(acc_at(xv[i], e), a) : acc_at(xv[i], e); };
+  int n = 0;  // the live values
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    if (live(i)) n += VEC;
+  float m = share_max<T, VPT, VEC>(xv, live);
+  if (kCapping) m = n > 0 ? capped(m, a) : neg_inf<float>();  // (-inf logits are capped to -cap)
+  // The exponentials' base: m, or 0 for a share whose maximum is -inf, which holds only -inf
+  // (each exp(v) 0) or NaN as well: the maximum skips NaN, the sum must not, or a NaN logit
+  // would vanish from its row's loss (torch's is NaN).
+  const float base = m == neg_inf<float>() ? 0.f : m;
+  const float mb = base * kLog2e;  // (see exp_from)
+  float s = 0;
+  float args = 0;  // label smoothing: the sum of the exponentials' arguments (times the weights)
+  float wsum = 0;  // class-weighted smoothing: the sum of the weights
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    if (live(i)) {
+      float w[VEC];
+      if constexpr (kWeights) weights_at<T, VEC>(a, col(i), w);
+      float part = 0, part_args = 0;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float arg = exp_arg<T>(value(i, e), base, mb);
+        part += ex2_approx(arg);
+        if constexpr (kWeights) {
+          part_args = fmaf(w[e], arg, part_args);
+          wsum += w[e];
+        } else if constexpr (O != Opts::kNone) {
+          part_args += arg;
+        }
+      }
+      s += part;
+      if constexpr (O != Opts::kNone) args += part_args;
+    }
   st.m = m;
   st.s = s;
+  st.wx = 0;
+  st.w = 0;
+  if (O == Opts::kSmooth || kWeights || (O == Opts::kCap && a.smoothing)) {
+    // Label smoothing's sum of w_j (m - v_j), from the arguments the exponentials took anyway:
+    // one more add (or FMA) a value. arg_j = log2(e) (v_j - m) + r, r = log2(e) m - mb being
+    // mb's rounding, which fmaf gives exactly (a product's rounding error is representable).
+    // The arguments are never positive, so the sum keeps its relative precision. A share of
+    // -inf logits only (no softcap): each one's term is +inf (NaN at a weight of 0), as torch's.
+    const float W = kWeights ? wsum : float(n);
+    const float r = sizeof(T) == 2 ? fmaf(m, kLog2e, -mb) : 0.f;
+    st.wx = (m == neg_inf<float>() ? -args : W * r - args) * kLn2;
+    st.w = W;
+  }
 }
 
 // The gradient of vector i's VEC values (columns col .. col + VEC - 1).
 template <typename T, Opts O, int VEC>
-__device__ __forceinline__ void vector_grad(const Args<acc_t<T>>& a, const RowCoefs<T, acc_t<T>>& c,
-                                            const Held<T, VEC>& x, int col, int64_t t, acc_t<T> (&d)[VEC]) {
-  using A = acc_t<T>;
-  if constexpr (O != Opts::kAll) {
-    const float bb = c.base * kLog2e;
+__device__ __forceinline__ void vector_grad(const Args<float>& a, const RowCoefs<T, float>& c, const Held<T, VEC>& x,
+                                            int col, int64_t t, float (&d)[VEC]) {
+  constexpr bool kWeights = O == Opts::kWeightedSmooth;
+  constexpr bool kCapping = O == Opts::kCap || kWeights;
+  float w[VEC];
+  if constexpr (kWeights) weights_at<T, VEC>(a, col, w);
+  const float bb = c.base * kLog2e;
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      const float v = O == Opts::kCap ? capped(float(acc_at(x, e)), a) : acc_at(x, e);
-      const float p = exp_from<T>(v, c.base, bb);
-      d[e] = O == Opts::kNone ? p * c.scale : fmaf(p, c.scale, -c.cw);  // (cw = 0 without smoothing)
-      if (col + e == t) d[e] -= c.ct;
-      if constexpr (O == Opts::kCap) {
-        const float u = v * a.inv_cap;  // tanh(x / cap): softcap' = 1 - u^2
-        d[e] *= fmaf(-u, u, 1.f);
-      }
+  for (int e = 0; e < VEC; ++e) {
+    const float v = kCapping ? capped(acc_at(x, e), a) : acc_at(x, e);
+    const float p = exp_from<T>(v, c.base, bb);
+    if constexpr (O == Opts::kNone)
+      d[e] = p * c.scale;
+    else  // (cw = 0 without smoothing)
+      d[e] = fmaf(p, c.scale, kWeights ? -c.cw * w[e] : -c.cw);
+    if (col + e == t) d[e] -= c.ct;
+    if (O == Opts::kCap || (kWeights && a.softcap)) {
+      const float u = v * a.inv_cap;  // tanh(x / cap): softcap' = 1 - u^2
+      d[e] *= fmaf(-u, u, 1.f);
     }
-  } else {
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) d[e] = grad_at<T>(a, c, capped(A(acc_at(x, e)), a), col + e, t);
   }
 }
 
@@ -574,6 +573,10 @@ __device__ __forceinline__ Args<A> options_compiled(const Args<A>& args) {
     a.smoothing = true;
     a.weighted = false;
   }
+  if constexpr (O == Opts::kWeightedSmooth) {
+    a.smoothing = true;
+    a.weighted = true;
+  }
   return a;
 }
 
@@ -584,9 +587,11 @@ __device__ __forceinline__ Args<A> options_compiled(const Args<A>& args) {
 // Two blocks an SM (64 registers a thread) are what hides one block's barrier behind the other's
 // loads: asked for explicitly, since left to itself ptxas may take more (78 registers at 8 bf16
 // vectors a thread given a bound of one block, which ran 8192x128256 forward+backward at 2.4
-// TB/s instead of 3.4 on the H200). The options' 8-vector kernel would spill at 64; it keeps one.
+// TB/s instead of 3.4 on the H200). Class-weighted smoothing at 8 vectors would spill at 64
+// (148 bytes: the weights' vector beside the row's); it keeps one block.
 template <typename T, int VPT, bool kGrad, Opts O>
-__global__ void __launch_bounds__(kThreads, O == Opts::kAll && VPT == 8 ? 1 : 2) row_kernel(const Args<acc_t<T>> args) {
+__global__ void __launch_bounds__(kThreads, O == Opts::kWeightedSmooth && VPT == 8 ? 1 : 2)
+    row_kernel(const Args<acc_t<T>> args) {
   using A = acc_t<T>;
   constexpr bool kSmooth = O != Opts::kNone;
   const Args<A> a = options_compiled<O>(args);
@@ -1047,9 +1052,11 @@ void run_rows(const Args<acc_t<T>>& a, const Problem& p, cudaStream_t stream, co
   constexpr int kVec = 16 / sizeof(T);
   const bool vector = p.V % kVec == 0 && aligned16(a.x) && rows_aligned(p.rows, kVec) &&
                       (!kGrad || (aligned16(a.grad) && rows_aligned(a.grad_rows, kVec)));
+  // (class-weighted smoothing loads the weights beside the logits, as 16-byte vectors too)
+  const bool registers = vector && (options_of(a) != Opts::kWeightedSmooth || aligned16(a.weight));
   if constexpr (sizeof(T) < 8) {
-    if (!kGrad && vector && try_slices<T>(a, p, stream, op)) return;
-    if (vector && with_options(a, [&](auto o) {
+    if (!kGrad && registers && try_slices<T>(a, p, stream, op)) return;
+    if (registers && with_options(a, [&](auto o) {
           return try_rows<T, kGrad, decltype(o)::value>(a, p.R, p.V / kVec, stream, op);
         }))
       return;
