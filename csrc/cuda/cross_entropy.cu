@@ -24,9 +24,10 @@
 //    rows through shared memory with bulk copies, two rows in flight a block, ran slower: one
 //    block of 16 warps an SM could not hide the latencies that two blocks do.)
 //    Everything else (wider rows, other architectures for rows wider than a block, float64,
-//    rows whose strides or base are not 16-byte aligned) takes the sweep kernel: one block per
-//    row, an online-softmax pass, then a gradient pass that reads the row again (mostly from
-//    L2: a block works on one row at a time).
+//    rows whose strides or base, or class weights with label smoothing whose base, are not
+//    16-byte aligned) takes the sweep kernel: one block per row, an online-softmax pass, then
+//    a gradient pass that reads the row again (mostly from L2: a block works on one row at a
+//    time).
 //    Without a gradient, rows of more than one block's vectors are read as slices instead: a
 //    block per slice of a row writes the slice's statistics and a second kernel merges each
 //    row's (split_kernel, combine_kernel).
