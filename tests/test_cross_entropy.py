@@ -318,6 +318,23 @@ def test_non_finite_logits_like_torch(impl):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_class_weights_at_any_alignment(device):
+    """Class weights that are a view one element into a buffer (not 16-byte aligned), with label
+    smoothing: the CUDA register kernel loads the weights as 16-byte vectors, so such weights
+    take the sweep kernel instead; loss and gradient as with an aligned copy and as torch's."""
+    x, t = _problem(device, shape=(6, 4096))
+    w = (0.5 + torch.rand(4097)).to(device)[1:]
+    assert w.data_ptr() % 16 != 0
+    kw = dict(reduction="sum", label_smoothing=0.1, softcap=20.0)
+    for weight in (w, w.clone()):
+        loss = fusedops.cross_entropy(x, t, weight=weight, **kw)
+        (g,) = torch.autograd.grad(loss, x)
+        rl, rg = _ref_grad(x, t, torch.ones((), device=device), weight=weight, **kw)
+        torch.testing.assert_close(loss.double(), rl, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(g.double(), rg, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_all_ignored_mean_is_nan_like_torch(device):
     x, t = _problem(device)
     t = torch.full_like(t, -100)
