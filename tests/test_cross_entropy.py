@@ -268,9 +268,11 @@ def test_large_logits_keep_their_precision(impl, offset):
 def _non_finite_rows(V, generator):
     """Rows of V logits whose non-finite values torch turns into a NaN or infinite loss, or
     not: finite; NaN but for the first 16 values (the target's); a span of 64 NaN; all NaN; one
-    +inf; -inf but for the target; all -inf. Targets all lie in the first 16 columns."""
-    x = 3 * torch.randn(7, V, generator=generator)
-    t = torch.randint(0, 16, (7,), generator=generator)
+    +inf; -inf but for the target; all -inf; NaN over the first half, the target in the last
+    value (a walk over the row meets only NaN first). The other targets lie in the first 16
+    columns."""
+    x = 3 * torch.randn(8, V, generator=generator)
+    t = torch.randint(0, 16, (8,), generator=generator)
     x[1, 16:] = float("nan")
     x[2, V // 2 - 32: V // 2 + 32] = float("nan")
     x[3] = float("nan")
@@ -278,6 +280,8 @@ def _non_finite_rows(V, generator):
     x[5] = float("-inf")
     x[5, t[5]] = 2.0
     x[6] = float("-inf")
+    x[7, : V // 2] = float("nan")
+    t[7] = V - 1
     return x, t
 
 

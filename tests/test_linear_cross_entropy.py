@@ -208,6 +208,23 @@ def test_mean_all_ignored(mode):
     assert fusedops.linear_cross_entropy(h, w, t, b, reduction="sum", **mode).item() == 0.0
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", MODES)
+def test_nan_logits_of_a_whole_chunk(device, mode):
+    """NaN weight rows for the first classes make every row's logits there NaN: the loss NaN for
+    every row, as torch's, also where those classes form whole chunks of their own (low_memory:
+    a chunk whose logits are all NaN must not pass for one of -inf logits) and the targets lie
+    elsewhere."""
+    h, w, b, t = _inputs(6, 4, 20, device, ignore_every=0)
+    with torch.no_grad():
+        w[:10] = float("nan")
+    t = 10 + t % 10
+    loss = fusedops.linear_cross_entropy(h, w, t, b, reduction="none", **mode)
+    ref = torch.nn.functional.cross_entropy(h @ w.t() + b, t, reduction="none")
+    assert torch.isnan(ref).all()
+    assert torch.isnan(loss).all(), loss
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_retain_graph_and_repeated_backward(reduction):
     """With retain_graph the saved gradients are not scaled in place: a second backward with

@@ -87,15 +87,17 @@ FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, acc_t<
       cm = v > cm ? v : cm;  // (a NaN is carried by the sum of exp instead)
     }
     if (cm > m) {
-      s = m == kNegInf ? A(0) : s * exp_acc(m - cm);
+      s *= exp_acc(m - cm);  // (m = -inf: s is 0, or NaN, which stays)
       m = cm;
     }
+    // The exponentials' base: m, or 0 while m is -inf, when the values so far are -inf (each
+    // exp(v) 0) or NaN: the maximum skips NaN, the sum must not, or a NaN logit would vanish
+    // from its row's loss (torch's is NaN). (exp(-inf - -inf) would be NaN for -inf too.)
+    const A base = m == kNegInf ? A(0) : m;
     A cs = 0;
     double cwx = 0;
-    if (m != kNegInf) {  // (all -inf so far: nothing to add; exp(-inf - -inf) would be NaN)
 #pragma omp simd reduction(+ : cs)
-      for (int64_t j = 0; j < n; ++j) cs += exp_acc(buf[j] - m);
-    }
+    for (int64_t j = 0; j < n; ++j) cs += exp_acc(buf[j] - base);
     if constexpr (kSmooth) {
 #pragma omp simd reduction(+ : cwx)
       for (int64_t j = 0; j < n; ++j) {
@@ -301,7 +303,6 @@ void with_row_kind(bool softcap, bool weighted, bool smooth, F&& f) {
 template <typename T, typename W, typename I>
 void slice_typed(const SliceProblem& s, bool grad) {
   using A = acc_t<T>;
-  constexpr A kNegInf = -std::numeric_limits<A>::infinity();
   Args<T, W> a;
   a.V = s.S;
   a.softcap = A(s.softcap);
@@ -331,11 +332,12 @@ void slice_typed(const SliceProblem& s, bool grad) {
           A m, sum;
           double wx;
           row_stats<kCap, kW, kS>(a, x, m, sum, wx);
+          // (a NaN is carried by the sums, as row_stats does: never dropped for a -inf maximum)
           if (m > r[0]) {
-            r[1] = (r[0] == kNegInf ? A(0) : r[1] * exp_acc(r[0] - m)) + sum;
+            r[1] = r[1] * exp_acc(r[0] - m) + sum;
             r[0] = m;
-          } else if (m != kNegInf) {
-            r[1] += sum * exp_acc(m - r[0]);  // (a NaN maximum is carried by the sum, as row_stats does)
+          } else {
+            r[1] += m == r[0] ? sum : sum * exp_acc(m - r[0]);
           }
           if constexpr (kS) r[2] += A(wx);
         } else {
