@@ -81,6 +81,7 @@ CPU_CASES = [
     CECase((4096, 32000), FP32, "large"),
     CECase((4096, 32000), BF16, "large"),
     CECase((2, 512, 32000), BF16, "large", "shifted"),
+    CECase((4096, 32000), FP32, "large", "softcap"),
     CECase((16, 32000), FP32, "small"),
 ]
 
