@@ -232,10 +232,17 @@ _INTERPRETER = pytest.mark.skipif(
     HAS_CUDA or os.environ.get("TRITON_INTERPRET") != "1",
     reason="the Triton kernel in Triton's interpreter, on a machine without a GPU (the GPU runs it for real "
     "under FUSEDOPS_BACKEND=triton)")
+# The registered op on the CPU and on CUDA, and the Triton kernel's entry point in Triton's interpreter.
+IMPLS = ["cpu", pytest.param("cuda", marks=gpu), pytest.param("triton-interpreter", marks=_INTERPRETER)]
 
 
-@pytest.mark.parametrize("impl", ["cpu", pytest.param("cuda", marks=gpu),
-                                  pytest.param("triton-interpreter", marks=_INTERPRETER)])
+def _device_and_op(impl):
+    if impl == "triton-interpreter":
+        return "cpu", ce_op.TRITON_IMPLS["cross_entropy"]
+    return impl, torch.ops.fusedops.cross_entropy
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("offset", [1e4, 1e7])
 def test_large_logits_keep_their_precision(impl, offset):
     """Logits far from zero (every row shifted by `offset`, which cancels in the softmax) give
@@ -246,8 +253,7 @@ def test_large_logits_keep_their_precision(impl, offset):
     every GPU path: one block, a cluster or split blocks (with and without a gradient), the
     sweep."""
     interpreted = impl == "triton-interpreter"
-    device = "cpu" if interpreted else impl
-    op = ce_op.TRITON_IMPLS["cross_entropy"] if interpreted else torch.ops.fusedops.cross_entropy
+    device, op = _device_and_op(impl)
     g = torch.Generator().manual_seed(0)
     for V in (200,) if interpreted else (1000, 70000, 140000):
         x = (3 * torch.randn(6, V, generator=g) + offset).to(device)
@@ -285,8 +291,7 @@ def _non_finite_rows(V, generator):
     return x, t
 
 
-@pytest.mark.parametrize("impl", ["cpu", pytest.param("cuda", marks=gpu),
-                                  pytest.param("triton-interpreter", marks=_INTERPRETER)])
+@pytest.mark.parametrize("impl", IMPLS)
 def test_non_finite_logits_like_torch(impl):
     """NaN and infinite logits give torch's losses and gradients, NaN for NaN: a share of a row
     holding only NaN (one thread's values, one block's) must not pass for an empty one, whose
@@ -294,8 +299,7 @@ def test_non_finite_logits_like_torch(impl):
     GPU kernels: one block, a cluster or split blocks, the sweep; with label smoothing, class
     weights and softcap, whose kernels take their maximum and sums their own ways)."""
     interpreted = impl == "triton-interpreter"
-    device = "cpu" if interpreted else impl
-    op = ce_op.TRITON_IMPLS["cross_entropy"] if interpreted else torch.ops.fusedops.cross_entropy
+    device, op = _device_and_op(impl)
     g = torch.Generator().manual_seed(0)
     widths = (64,) if interpreted else (64, 4096, 70000, 140000) if device == "cuda" else (64, 4096)
     dtypes = (torch.float32,) if interpreted else (torch.float32, torch.bfloat16)

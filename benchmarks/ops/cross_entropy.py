@@ -4,8 +4,9 @@ Cases are LM heads in bf16: LLaMA-3 (V = 128256) at 8192 tokens, a 256K vocabula
 256000) at 4096 tokens, LLaMA-2's 32000, the causal-LM shift as users write it: the
 (B, T, V) logits of a batch, every position but the last against the labels shifted by one
 (``logits[:, :-1]``, strided rows), and Gemma 2's head: 256000 classes with its final-logit
-softcapping (``softcap=30``, every provider: ``30 tanh(x / 30)`` before the loss). Targets are uniform class indices with one in ten set to
-ignore_index (padding); reduction "mean"; the incoming gradient is 1 (``loss.backward()``).
+softcapping (``softcap=30``, every provider: ``30 tanh(x / 30)`` before the loss). Targets are
+uniform class indices with one in ten set to ignore_index (padding); reduction "mean"; the
+incoming gradient is 1 (``loss.backward()``).
 
 Minimum-bytes model (N rows of V logits of s bytes):
 
@@ -118,18 +119,6 @@ def _capped(x, softcap):
     return x if softcap is None else softcap * torch.tanh(x / softcap)
 
 
-def reference(logits, target, shifted, softcap, label_smoothing=0.0):
-    """fp32 math (the logits upcast, as Hugging Face's loss does); torch.compile compiles this."""
-    x = _capped(_view(logits, shifted).float(), softcap)
-    V = x.shape[-1]
-    return F.cross_entropy(x.reshape(-1, V), target.long().reshape(-1), ignore_index=IGNORE,
-                           label_smoothing=label_smoothing)
-
-
-def _reference_smoothed(logits, target, shifted, softcap):
-    return reference(logits, target, shifted, softcap, label_smoothing=SMOOTHING)
-
-
 def class_weights(V, device):
     """The wsmooth variant's class weights: 0.5, 0.625, ..., 1.25 in turn over the classes,
     exact in bf16, so that the subject (weights in the logits' dtype) and its fp32 reference
@@ -137,11 +126,21 @@ def class_weights(V, device):
     return 0.5 + (torch.arange(V, device=device) % 7).float() / 8
 
 
-def _reference_weighted_smoothed(logits, target, shifted, softcap):
+def reference(logits, target, shifted, softcap, label_smoothing=0.0, weighted=False):
+    """fp32 math (the logits upcast, as Hugging Face's loss does); torch.compile compiles this."""
     x = _capped(_view(logits, shifted).float(), softcap)
     V = x.shape[-1]
-    return F.cross_entropy(x.reshape(-1, V), target.long().reshape(-1), weight=class_weights(V, x.device),
-                           ignore_index=IGNORE, label_smoothing=SMOOTHING)
+    weight = class_weights(V, x.device) if weighted else None
+    return F.cross_entropy(x.reshape(-1, V), target.long().reshape(-1), weight=weight, ignore_index=IGNORE,
+                           label_smoothing=label_smoothing)
+
+
+def _reference_smoothed(logits, target, shifted, softcap):
+    return reference(logits, target, shifted, softcap, label_smoothing=SMOOTHING)
+
+
+def _reference_weighted_smoothed(logits, target, shifted, softcap):
+    return reference(logits, target, shifted, softcap, label_smoothing=SMOOTHING, weighted=True)
 
 
 def _eager(case, device):

@@ -87,6 +87,16 @@ struct Args {
   A eps, z, cap, inv_cap, cap_k, inv_v;
 };
 
+// Sets a's softcap and the constants its kernels take (softcap <= 0: none).
+template <typename A>
+void set_softcap(Args<A>& a, double softcap) {
+  const double cap = softcap > 0 ? softcap : 1.0;
+  a.softcap = softcap > 0;
+  a.cap = A(cap);
+  a.inv_cap = A(1.0 / cap);
+  a.cap_k = A(2.0 / std::log(2.0) / cap);
+}
+
 // The options a register kernel is compiled for: none; label smoothing without class weights
 // (the common training setting, which stays on the fast path at one more add a value);
 // softcap, with or without that smoothing (Gemma 2's logits); class-weighted smoothing, with or
@@ -202,13 +212,22 @@ __device__ __forceinline__ A below(A m, A x) {
   return x == neg_inf<A>() ? -neg_inf<A>() : m - x;
 }
 
+// The base the exponentials of a share with maximum m are taken from: m, or 0 while m is -inf,
+// when the share holds only -inf (each exp(v - 0) is 0; exp(-inf - -inf) would be NaN) or NaN
+// as well. The maximum skips NaN; the sum must not, or a NaN logit would vanish from its row's
+// loss (torch's is NaN).
+template <typename A>
+__device__ __forceinline__ A exp_base(A m) {
+  return m == neg_inf<A>() ? A(0) : m;
+}
+
 // The share's statistics relative to a maximum mm >= st.m: the exponentials scaled by
 // exp(st.m - mm), every value (mm - st.m) further below. (No weight, nothing to move: an empty
 // share's m is -inf.)
 template <bool kSmooth, typename A>
 __device__ __forceinline__ void rebase(Stats<A>& st, A mm) {
   if (st.m == mm) return;
-  st.s *= a_exp(st.m - mm);  // (st.m = -inf: s is 0, and exp(-inf) is 0)
+  st.s *= a_exp(st.m - mm);  // (st.m = -inf: s is 0, or NaN, which stays)
   if (kSmooth && st.w != A(0)) st.wx += st.w * (mm - st.m);
   st.m = mm;
 }
@@ -476,18 +495,16 @@ __device__ __forceinline__ void share_stats(const Args<float>& a, const Held<T, 
                                             Stats<float>& st) {
   constexpr bool kWeights = O == Opts::kWeightedSmooth;
   constexpr bool kCapping = O == Opts::kCap || kWeights;  // (kWeightedSmooth: capped() asks a.softcap)
-  // (softcap is increasing: the largest capped value is the largest value capped)
   const auto value = [&](int i, int e) { return kCapping ? capped(acc_at(xv[i], e), a) : acc_at(xv[i], e); };
   int n = 0;  // the live values
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
     if (live(i)) n += VEC;
   float m = share_max<T, VPT, VEC>(xv, live);
-  if (kCapping) m = n > 0 ? capped(m, a) : neg_inf<float>();  // (-inf logits are capped to -cap)
-  // The exponentials' base: m, or 0 for a share whose maximum is -inf, which holds only -inf
-  // (each exp(v) 0) or NaN as well: the maximum skips NaN, the sum must not, or a NaN logit
-  // would vanish from its row's loss (torch's is NaN).
-  const float base = m == neg_inf<float>() ? 0.f : m;
+  // (softcap is increasing: the largest capped value is the largest value capped; -inf logits
+  // are capped to -cap, so only an empty share keeps -inf)
+  if (kCapping) m = n > 0 ? capped(m, a) : neg_inf<float>();
+  const float base = exp_base(m);
   const float mb = base * kLog2e;  // (see exp_from)
   float s = 0;
   float args = 0;  // label smoothing: the sum of the exponentials' arguments (times the weights)
@@ -733,9 +750,7 @@ __device__ __forceinline__ void sweep_stats(const Args<acc_t<T>>& a, const T* x,
 #pragma unroll
     for (int e = 1; e < VEC; ++e) vm = vm > v[e] ? vm : v[e];
     if (vm > st.m) rebase<true>(st, vm);
-    // (a maximum still -inf: the values are -inf, each exp(v - 0) 0, or NaN, which the
-    // maximum skips and the sum must carry)
-    const A base = st.m == neg_inf<A>() ? A(0) : st.m;
+    const A base = exp_base(st.m);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) st.s += a_exp(v[e] - base);
     if (a.smoothing) {
@@ -1104,14 +1119,11 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
     a.ignore_index = p.ignore_index;
     a.V = int(p.V);
     a.mean = p.reduction == Reduction::kMean;
-    a.softcap = p.softcap > 0;
+    set_softcap(a, p.softcap);
     a.weighted = p.weight.has_value();
     a.smoothing = p.label_smoothing > 0;
     a.eps = A(p.label_smoothing);
     a.z = A(p.z_loss);
-    a.cap = A(p.softcap > 0 ? p.softcap : 1.0);
-    a.inv_cap = A(1.0 / (p.softcap > 0 ? p.softcap : 1.0));
-    a.cap_k = A(2.0 / std::log(2.0) / (p.softcap > 0 ? p.softcap : 1.0));
     a.inv_v = A(1.0 / double(p.V));
     if (o.grad)
       run_rows<DT, true>(a, p, stream, op);
@@ -1181,11 +1193,8 @@ void slice_typed(const SliceProblem& s, bool grad, const char* op) {
   a.grad_rows = s.rows;
   a.ignore_index = s.ignore_index;
   a.V = int(s.S);
-  a.softcap = s.softcap > 0;
+  set_softcap(a, s.softcap);
   a.smoothing = s.smoothing;
-  a.cap = A(s.softcap > 0 ? s.softcap : 1.0);
-  a.inv_cap = A(1.0 / (s.softcap > 0 ? s.softcap : 1.0));
-  a.cap_k = A(2.0 / std::log(2.0) / (s.softcap > 0 ? s.softcap : 1.0));
   const bool vector = s.S % kVec == 0 && aligned16(a.x) && rows_aligned(s.rows, kVec);
   const unsigned blocks = unsigned(s.R);
   if (grad) {

@@ -25,9 +25,10 @@
 // (ops/cross_entropy.py). Math in float32 (float64 for float64 logits); the loss and lse are
 // float32 (float64), the gradient in the logits' dtype. No kernel subtracts from lse once
 // rounded: lse - x_t is log(sum) - (x_t - max), p_j is exp(x_j - max) / sum, and the smoothing
-// term's W * lse - sum_j w_j x_j is W * log(sum) plus sum_j w_j (max - x_j) (the GPU kernels
-// keep that sum, whose terms are never negative; the CPU sums w_j x_j in float64), so logits far
-// from zero keep float32's precision (docs/ops/cross_entropy.md).
+// term's W * lse - sum_j w_j x_j is W * log(sum) plus sum_j w_j (max - x_j) (the CUDA kernels
+// keep that sum, whose terms are never negative; the Triton kernel sums w_j (x_j - x_t), x_t
+// the target's logit; the CPU sums w_j x_j in float64), so logits far from zero keep float32's
+// precision (docs/ops/cross_entropy.md).
 #pragma once
 
 #include <algorithm>

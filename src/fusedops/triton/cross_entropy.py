@@ -7,7 +7,7 @@ Launches of the forward:
 1. one program over the targets, in order: the "mean" denominators (the weights of the rows
    not ignored, and their count) and the first target outside [0, V) that is not ignore_index;
 2. one program per row: an online-softmax sweep over the row (maximum, sum of exp and, for
-   label smoothing, the weighted sum of the logits' distances below the maximum), then, when a
+   label smoothing, the weighted sum of the logits' differences from the target's), then, when a
    gradient is wanted, a second sweep that reads the row again (mostly from L2) and writes the
    gradient; ignored rows write zeros without reading;
 3. for "mean"/"sum", one program adding the per-row losses in row order (deterministic).
@@ -117,8 +117,8 @@ def _row_kernel(
         m = tl.full([BLOCK], float("-inf"), ACC)
         s = tl.zeros([BLOCK], ACC)
         xt = _softcapped(tl.load(x_row + ts).to(ACC), cap, SOFTCAP)
-        # Label smoothing's sum of w_j x_j is kept relative to c = shift, the target's logit (one of the
-        # row's own values, 0 if it is not finite): sum of w_j (x_j - c). A plain sum of w_j x_j
+        # Label smoothing's sum of w_j x_j is kept relative to c = shift, the target's logit (one
+        # of the row's own values, 0 if it is not finite): sum of w_j (x_j - c). A plain sum of w_j x_j
         # loses float32's precision for logits far from 0 (at 1e7 its spacing is 512, where the
         # loss wants W lse - sum w_j x_j to 1e-6); differences from a value of the row do not,
         # and cost one subtraction a value, where keeping the sum relative to a moving maximum
