@@ -75,7 +75,8 @@ def test_thd_per_token_tables(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_outputs_keep_dense_strides(device):
-    """A dense permuted input gives an output with its strides; a sliced one a contiguous output."""
+    """A dense permuted input gives an output with its strides; a sliced one a dense output in
+    the input's order of dimensions (contiguous for a sliced bhsd input)."""
     base = torch.randn(2, 5, 4, 16, device=device)
     q = base.transpose(1, 2)  # bshd storage seen as bhsd
     k = torch.randn(2, 5, 2, 16, device=device).transpose(1, 2)
@@ -86,6 +87,45 @@ def test_outputs_keep_dense_strides(device):
     q_out, _ = fusedops.rope(sliced, k, c, s)
     assert q_out.is_contiguous()
     torch.testing.assert_close(q_out, reference(sliced, k, c, s)[0])
+    # positions outermost, then the batch, then the heads: the output is laid out (S, B, H, D)
+    odd = torch.randn(5, 2, 4, 20, device=device)[..., :16].permute(1, 2, 0, 3)
+    q_out, _ = fusedops.rope(odd, k, c, s)
+    assert q_out.permute(2, 0, 1, 3).is_contiguous()
+    torch.testing.assert_close(q_out, reference(odd, k, c, s)[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["bshd", "thd"])
+def test_sliced_outputs_keep_the_layout(layout, device):
+    """q and k sliced from a fused QKV output (not dense) give contiguous outputs in their own
+    layout, which a view back to (..., H * D) takes, forward and backward; the fake kernel
+    agrees on the strides."""
+    B, S, Hq, Hk, D = 2, 5, 4, 2, 16
+    lead = (B, S) if layout == "bshd" else (B * S,)
+    qkv = torch.randn(*lead, (Hq + 2 * Hk) * D, device=device)
+    q = qkv[..., : Hq * D].view(*lead, Hq, D).requires_grad_()
+    k = qkv[..., Hq * D : (Hq + Hk) * D].view(*lead, Hk, D).requires_grad_()
+    shape = (B, S, D) if layout == "bshd" else (B * S, D)
+    c, s = torch.randn(shape, device=device), torch.randn(shape, device=device)
+    q_out, k_out = fusedops.rope(q, k, c, s, layout=layout)
+    assert q_out.is_contiguous() and k_out.is_contiguous()
+    q_out.view(*lead, Hq * D)
+    view = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t.unsqueeze(0).transpose(1, 2))
+    cs = (c, s) if layout == "bshd" else (c[None], s[None])
+    eq, ek = reference(view(q.detach()), view(k.detach()), *cs)
+    torch.testing.assert_close(view(q_out), eq)
+    torch.testing.assert_close(view(k_out), ek)
+    gq = torch.randn(*lead, 3 * Hq * D, device=device)[..., : Hq * D].view(*lead, Hq, D)
+    dq, _ = torch.autograd.grad((q_out, k_out), (q, k), (gq, torch.zeros_like(k_out)))
+    assert dq.is_contiguous()
+    # the registered op sees the (B, H, S, D) views; its fake kernel gives the real strides
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    args = (view(q.detach()), view(k.detach()), *cs)
+    real = torch.ops.fusedops.rope(*args)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = torch.ops.fusedops.rope(*(mode.from_tensor(a) for a in args))
+    assert [t.stride() for t in fake[:2]] == [t.stride() for t in real[:2]]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -468,3 +508,36 @@ def test_rotary_embedding_module_behaviour():
     x = torch.randn(1, 3, 8)
     cos, sin = torch.compile(rot, fullgraph=True)(x, torch.arange(3)[None])
     torch.testing.assert_close(cos, rot(x, torch.arange(3)[None])[0])
+
+
+_LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+@pytest.mark.parametrize("scaling", [None, _LLAMA3])
+def test_rotary_embedding_keeps_float32_frequencies(scaling):
+    """inv_freq is formed again in float32 after a module cast (model.to(torch.bfloat16)) and
+    after to_empty() (a model built on the meta device), where a cast would have rounded it and
+    to_empty left it uninitialised; no state dict carries it to repair either."""
+    expected = fusedops.nn.RotaryEmbedding(128, base=500000.0, rope_scaling=scaling).inv_freq
+    position_ids = torch.tensor([[0, 1, 1000, 100000]])
+    x = torch.randn(1, 4, 8, dtype=torch.bfloat16)
+    for rot in (
+        fusedops.nn.RotaryEmbedding(128, base=500000.0, rope_scaling=scaling).to(torch.bfloat16),
+        fusedops.nn.RotaryEmbedding(128, base=500000.0, rope_scaling=scaling).half().double(),
+    ):
+        assert rot.inv_freq.dtype == torch.float32
+        assert torch.equal(rot.inv_freq, expected)
+    with torch.device("meta"):
+        rot = fusedops.nn.RotaryEmbedding(128, base=500000.0, rope_scaling=scaling)
+    assert rot.inv_freq.is_meta
+    rot.to_empty(device="cpu")
+    assert torch.equal(rot.inv_freq, expected)
+    cos, sin = rot(x, position_ids)
+    angles = position_ids[..., None].float() * expected
+    torch.testing.assert_close(cos, torch.cat((angles, angles), -1).cos().to(torch.bfloat16), atol=0, rtol=0)

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -82,23 +83,39 @@ inline std::string dims_str(const Tensor& t) {
 inline bool is_narrow(ScalarType t) { return t == ScalarType::BFloat16 || t == ScalarType::Half; }
 
 // The output for input `t`: `t`'s strides when it is dense with a unit-stride last dimension
-// (so a bshd or thd input's output has that layout again), else contiguous. ops/rope.py's fake
-// kernels follow the same rule.
+// (so a bshd or thd input's output has that layout again); else dense in `t`'s order of
+// dimensions, as torch's elementwise ops lay out theirs: the leading dimensions outermost first
+// by decreasing stride (size-1 ones outermost, ties in their logical order), the last one
+// innermost. A bshd view sliced from a fused QKV output thus gives a contiguous bshd output, which
+// `view(B, S, H * D)` takes. ops/rope.py's fake kernels follow the same rule.
 inline bool keeps_strides(const Tensor& t) {
   return non_overlapping_and_dense(t) && (t.size(-1) <= 1 || t.stride(-1) == 1);
 }
 
+inline std::vector<int64_t> output_strides(const Tensor& t) {
+  const int64_t n = t.dim();
+  std::vector<int64_t> strides(n);
+  if (keeps_strides(t)) {
+    for (int64_t d = 0; d < n; ++d) strides[d] = t.stride(d);
+    return strides;
+  }
+  std::vector<int64_t> order(n - 1);  // the leading dimensions, outermost first
+  for (int64_t d = 0; d < n - 1; ++d) order[d] = d;
+  const auto key = [&](int64_t d) { return t.size(d) < 2 ? INT64_MAX : t.stride(d); };
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key(a) > key(b); });
+  strides[n - 1] = 1;
+  int64_t step = std::max<int64_t>(t.size(n - 1), 1);  // (c10's contiguous strides: sizes of 0 count as 1)
+  for (auto d = order.rbegin(); d != order.rend(); ++d) {
+    strides[*d] = step;
+    step *= std::max<int64_t>(t.size(*d), 1);
+  }
+  return strides;
+}
+
 inline Tensor new_output(const Tensor& t) {
-  if (!keeps_strides(t)) {
-    std::vector<int64_t> sizes;
-    for (int64_t d = 0; d < t.dim(); ++d) sizes.push_back(t.size(d));
-    return empty_like_device(t, sizes, t.scalar_type());
-  }
-  std::vector<int64_t> sizes, strides;
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    sizes.push_back(t.size(d));
-    strides.push_back(t.stride(d));
-  }
+  std::vector<int64_t> sizes;
+  for (int64_t d = 0; d < t.dim(); ++d) sizes.push_back(t.size(d));
+  const std::vector<int64_t> strides = output_strides(t);
   int32_t device_type = 0, device_index = 0;
   AtenTensorHandle handle = nullptr;
   STD_TORCH_CHECK(aoti_torch_get_device_type(t.get(), &device_type) == AOTI_TORCH_SUCCESS &&

@@ -47,7 +47,9 @@ class RotaryEmbedding(torch.nn.Module):
             "original_max_position_embeddings"}`` (``"type"`` is accepted for ``"rope_type"``).
         device: where the ``inv_freq`` buffer lives.
 
-    ``inv_freq`` is a non-persistent buffer (not in the state dict), as in HF.
+    ``inv_freq`` is a non-persistent buffer (not in the state dict), as in HF. It stays float32
+    through module casts (``.to(torch.bfloat16)``, ``.half()``) and is formed again after
+    ``to_empty()``, so a model built on the meta device gets it right.
     """
 
     def __init__(
@@ -67,19 +69,32 @@ class RotaryEmbedding(torch.nn.Module):
         scaling = dict(rope_scaling or {})
         self.rope_type = scaling.get("rope_type", scaling.get("type", "default"))
         self.rope_scaling = rope_scaling
-        inv_freq = _default_inv_freq(dim, self.base, device)
         if self.rope_type == "llama3":
             missing = [key for key in _LLAMA3_KEYS if key not in scaling]
             if missing:
                 raise ValueError(f"RotaryEmbedding: llama3 rope_scaling needs {', '.join(repr(m) for m in missing)}")
-            inv_freq = _llama3_inv_freq(inv_freq, scaling)
         elif self.rope_type != "default":
             raise ValueError(
                 f"RotaryEmbedding: rope_type {self.rope_type!r} is not supported (supported: 'default', 'llama3')"
             )
         # Both rope types leave the amplitudes alone.
         self.attention_scaling = 1.0
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", self._inv_freq(device), persistent=False)
+
+    def _inv_freq(self, device) -> Tensor:
+        inv_freq = _default_inv_freq(self.dim, self.base, device)
+        if self.rope_type == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, self.rope_scaling)
+        return inv_freq
+
+    def _apply(self, fn, recurse=True):
+        # inv_freq is derived, not learned: after .to(), .half(), .cuda() or to_empty() it is
+        # formed again, in float32, where the buffer now lives. A cast would round it
+        # (bfloat16 keeps 8 bits: cos off by 1.5 at position 1000), to_empty would leave it
+        # uninitialised, and, being outside the state dict, no load would repair either.
+        super()._apply(fn, recurse)
+        self.inv_freq = self._inv_freq(self.inv_freq.device)
+        return self
 
     def forward(self, x: Tensor, position_ids: Tensor):
         """``(cos, sin)`` of shape ``(B, S, dim)`` in x's dtype for ``position_ids`` ``(B, S)``."""

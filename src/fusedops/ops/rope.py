@@ -190,11 +190,19 @@ def _keeps_strides(shape, stride, t):
 
 def output_like(t):
     """csrc/include/fusedops/rope.h's rule: t's strides when dense with a unit-stride last
-    dimension, else contiguous."""
+    dimension, else dense in t's order of dimensions (the leading ones outermost first by
+    decreasing stride, size-1 ones outermost, ties in logical order; the last innermost)."""
     shape, stride = t.shape, t.stride()
     if _keeps_strides(shape, stride, t):
         return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
-    return torch.empty(shape, dtype=t.dtype, device=t.device)
+    small = [bool(n < 2) for n in shape]
+    # (sorted keeps ties in their order under reverse=True too)
+    order = sorted(
+        range(len(shape) - 1), key=lambda d: (small[d], 0 if small[d] else stride[d]), reverse=True
+    )
+    order.append(len(shape) - 1)
+    out = torch.empty([shape[d] for d in order], dtype=t.dtype, device=t.device)
+    return out.permute([order.index(d) for d in range(len(shape))])
 
 
 def _bad_position_like(q):
