@@ -3,6 +3,8 @@
 On CUDA the suites test whichever backend serves the op in this process: run them once as is
 (the CUDA kernels) and once with FUSEDOPS_BACKEND=triton."""
 
+import inspect
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -101,6 +103,24 @@ def test_public_function_checks(info, device):
             continue  # a backward op's sample
         with pytest.raises(err.error, match=err.match):
             info.public(*err.sample.args)
+
+
+@pytest.mark.parametrize("info", OPS)
+def test_public_function_names_a_non_tensor(info):
+    """A list where the public function takes a tensor raises TypeError naming that argument
+    (as torch's functions do), with gradients recording (the direct path) and without."""
+    names = list(inspect.signature(info.public).parameters)  # the function's own names, in order
+    sample = next(iter(info.samples("cpu", torch.float32, requires_grad=True)))
+    for i, arg in enumerate(sample.args):
+        if not isinstance(arg, torch.Tensor):
+            continue
+        args = list(sample.args)
+        args[i] = arg.tolist()
+        message = rf"fusedops.{info.name}: {names[i]} must be a Tensor, got list"
+        with pytest.raises(TypeError, match=message):
+            info.public(*args)
+        with torch.no_grad(), pytest.raises(TypeError, match=message):
+            info.public(*args)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -20,6 +20,22 @@ from .ops import swiglu as _swiglu
 from .ops import swiglu_packed as _swiglu_packed
 from .ops._direct import direct_call_allowed
 
+
+def _name_the_non_tensor(function, arguments):
+    """On the way out of a public function that failed: raises a TypeError naming the first
+    argument annotated as a tensor that is not one (None where the annotation allows it), as
+    torch's own functions do, in place of whatever the call first tripped on (a missing
+    attribute, the schema's cast). Otherwise the caller re-raises its own error. (A failed call
+    pays for this, a good one nothing.)"""
+    for name, hint in function.__annotations__.items():
+        if name == "return" or hint not in (Tensor, Optional[Tensor]):
+            continue
+        value = arguments.get(name)
+        if not isinstance(value, Tensor) and not (value is None and hint == Optional[Tensor]):
+            raise TypeError(
+                f"fusedops.{function.__name__}: {name} must be a Tensor, got {type(value).__name__}"
+            ) from None
+
 _rms_norm_op = _rms_norm.forward
 _add_rms_norm_op = _add_rms_norm.forward
 _add_rms_norm_inplace_op = _add_rms_norm.forward_
@@ -58,9 +74,13 @@ def rms_norm(
         A contiguous tensor of input's shape and dtype. The math is float32 (float64 for
         float64 input) whatever the storage dtype.
     """
-    if direct_call_allowed():
-        return _rms_norm.direct(input, weight, eps, offset, cast_before_weight, save_output)
-    return _rms_norm_op(input, weight, eps, offset, cast_before_weight, save_output)[0]
+    try:
+        if direct_call_allowed():
+            return _rms_norm.direct(input, weight, eps, offset, cast_before_weight, save_output)
+        return _rms_norm_op(input, weight, eps, offset, cast_before_weight, save_output)[0]
+    except Exception:  # (re-raised below)
+        _name_the_non_tensor(rms_norm, locals())
+        raise
 
 
 def add_rms_norm(
@@ -87,10 +107,16 @@ def add_rms_norm(
         residual's dtype, which output normalises) in residual's dtype. Both are contiguous.
         Gradients flow to input, residual and weight through both.
     """
-    if direct_call_allowed():
-        return _add_rms_norm.direct(input, residual, weight, eps, offset, cast_before_weight)
-    output, residual_out, _rstd = _add_rms_norm_op(input, residual, weight, eps, offset, cast_before_weight)
-    return output, residual_out
+    try:
+        if direct_call_allowed():
+            return _add_rms_norm.direct(input, residual, weight, eps, offset, cast_before_weight)
+        output, residual_out, _rstd = _add_rms_norm_op(
+            input, residual, weight, eps, offset, cast_before_weight
+        )
+        return output, residual_out
+    except Exception:  # (re-raised below)
+        _name_the_non_tensor(add_rms_norm, locals())
+        raise
 
 
 def add_rms_norm_(
@@ -103,9 +129,13 @@ def add_rms_norm_(
 ) -> Tensor:
     """:func:`add_rms_norm` for inference: adds ``input`` into ``residual`` in place and returns
     the normalised sum. No gradient: it raises if a tensor requires grad with grad mode on."""
-    if direct_call_allowed():
-        return _add_rms_norm.direct_inplace(input, residual, weight, eps, offset, cast_before_weight)
-    return _add_rms_norm_inplace_op(input, residual, weight, eps, offset, cast_before_weight)[0]
+    try:
+        if direct_call_allowed():
+            return _add_rms_norm.direct_inplace(input, residual, weight, eps, offset, cast_before_weight)
+        return _add_rms_norm_inplace_op(input, residual, weight, eps, offset, cast_before_weight)[0]
+    except Exception:  # (re-raised below)
+        _name_the_non_tensor(add_rms_norm_, locals())
+        raise
 
 
 def layer_norm(
@@ -128,9 +158,13 @@ def layer_norm(
         A contiguous tensor of input's shape and dtype. The math is float32 (float64 for
         float64 input) whatever the storage dtype.
     """
-    if direct_call_allowed():
-        return _layer_norm.direct(input, weight, bias, eps)
-    return _layer_norm_op(input, weight, bias, eps)[0]
+    try:
+        if direct_call_allowed():
+            return _layer_norm.direct(input, weight, bias, eps)
+        return _layer_norm_op(input, weight, bias, eps)[0]
+    except Exception:  # (re-raised below)
+        _name_the_non_tensor(layer_norm, locals())
+        raise
 
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
@@ -148,9 +182,13 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
         A contiguous tensor of gate's shape and dtype. The math is float32 (float64 for float64
         input); backward recomputes silu from gate (autograd keeps gate and up, nothing else).
     """
-    if direct_call_allowed():
-        return _swiglu.direct(gate, up)
-    return _swiglu.forward(gate, up)
+    try:
+        if direct_call_allowed():
+            return _swiglu.direct(gate, up)
+        return _swiglu.forward(gate, up)
+    except Exception:  # (re-raised below)
+        _name_the_non_tensor(swiglu, locals())
+        raise
 
 
 def geglu(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
@@ -169,9 +207,13 @@ def geglu(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
     Returns:
         A contiguous tensor of gate's shape and dtype, computed in float32.
     """
-    if direct_call_allowed():
-        return _geglu.direct(gate, up, approximate)
-    return _geglu.forward(gate, up, approximate)
+    try:
+        if direct_call_allowed():
+            return _geglu.direct(gate, up, approximate)
+        return _geglu.forward(gate, up, approximate)
+    except Exception:  # (re-raised below)
+        _name_the_non_tensor(geglu, locals())
+        raise
 
 
 def swiglu_packed(gate_up: Tensor) -> Tensor:
@@ -179,17 +221,25 @@ def swiglu_packed(gate_up: Tensor) -> Tensor:
     ``[gate | up]`` (a fused gate-up projection's output, as in Phi-3 or vLLM), the result has
     shape ``(..., n)``. Its backward writes one ``(..., 2n)`` gradient, which the fused
     projection's backward takes as it is (no concatenation of two gradients)."""
-    if direct_call_allowed():
-        return _swiglu_packed.direct(gate_up)
-    return _swiglu_packed.forward(gate_up)
+    try:
+        if direct_call_allowed():
+            return _swiglu_packed.direct(gate_up)
+        return _swiglu_packed.forward(gate_up)
+    except Exception:  # (re-raised below)
+        _name_the_non_tensor(swiglu_packed, locals())
+        raise
 
 
 def geglu_packed(gate_up: Tensor, approximate: str = "none") -> Tensor:
     """:func:`geglu` of the two halves of ``gate_up`` ``(..., 2n)`` = ``[gate | up]``; see
     :func:`swiglu_packed`."""
-    if direct_call_allowed():
-        return _geglu_packed.direct(gate_up, approximate)
-    return _geglu_packed.forward(gate_up, approximate)
+    try:
+        if direct_call_allowed():
+            return _geglu_packed.direct(gate_up, approximate)
+        return _geglu_packed.forward(gate_up, approximate)
+    except Exception:  # (re-raised below)
+        _name_the_non_tensor(geglu_packed, locals())
+        raise
 
 
 # ---- rotary position embeddings -------------------------------------------------------------
@@ -301,15 +351,19 @@ def rope(
         float32 (float64 for float64 input). Differentiable in q and k (any order); gradients
         with respect to cos and sin are not supported (a clear error if they require grad).
     """
-    q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope", q, k, cos, sin, layout, position_ids)
-    gpu_check = _rope_position_check("rope", q4, pos, check_positions)
-    if direct_call_allowed():
-        q_out, k_out, bad = _rope.direct(q4, k4, cos4, sin4, pos, interleaved)
-    else:
-        q_out, k_out, bad = _rope_op(q4, k4, cos4, sin4, pos, interleaved)
-    if gpu_check is not None:
-        gpu_check.finish(bad, _rope.position_message("rope", pos, cos4.shape[0]))
-    return _rope_back(q_out, layout), _rope_back(k_out, layout)
+    try:
+        q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope", q, k, cos, sin, layout, position_ids)
+        gpu_check = _rope_position_check("rope", q4, pos, check_positions)
+        if direct_call_allowed():
+            q_out, k_out, bad = _rope.direct(q4, k4, cos4, sin4, pos, interleaved)
+        else:
+            q_out, k_out, bad = _rope_op(q4, k4, cos4, sin4, pos, interleaved)
+        if gpu_check is not None:
+            gpu_check.finish(bad, _rope.position_message("rope", pos, cos4.shape[0]))
+        return _rope_back(q_out, layout), _rope_back(k_out, layout)
+    except Exception:  # (re-raised below)
+        _name_the_non_tensor(rope, locals())
+        raise
 
 
 def rope_(
@@ -328,15 +382,19 @@ def rope_(
     on. q and k must not have rows that share memory (an expanded tensor), nor share memory with
     each other (the same tensor twice, or overlapping views; views of one fused QKV output are
     fine)."""
-    q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope_", q, k, cos, sin, layout, position_ids)
-    gpu_check = _rope_position_check("rope_", q4, pos, check_positions)
-    if direct_call_allowed():
-        bad = _rope.direct_inplace(q4, k4, cos4, sin4, pos, interleaved)
-    else:
-        bad = _rope_inplace_op(q4, k4, cos4, sin4, pos, interleaved)
-    if gpu_check is not None:
-        gpu_check.finish(bad, _rope.position_message("rope_", pos, cos4.shape[0]))
-    return q, k
+    try:
+        q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope_", q, k, cos, sin, layout, position_ids)
+        gpu_check = _rope_position_check("rope_", q4, pos, check_positions)
+        if direct_call_allowed():
+            bad = _rope.direct_inplace(q4, k4, cos4, sin4, pos, interleaved)
+        else:
+            bad = _rope_inplace_op(q4, k4, cos4, sin4, pos, interleaved)
+        if gpu_check is not None:
+            gpu_check.finish(bad, _rope.position_message("rope_", pos, cos4.shape[0]))
+        return q, k
+    except Exception:  # (re-raised below)
+        _name_the_non_tensor(rope_, locals())
+        raise
 
 
 _cross_entropy_op = _cross_entropy.forward
@@ -403,26 +461,32 @@ def cross_entropy(
         The loss: 0-d for ``"mean"``/``"sum"``, target's shape for ``"none"``; in the logits'
         dtype (float32 under autocast, as torch). Math in float32 (float64 for float64 logits).
     """
-    compiling = torch.compiler.is_compiling()
-    gpu_check = _cross_entropy.gpu_target_check("cross_entropy", check_target, logits, compiling)
-    args = (logits, target, weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
-            None if softcap is None else float(softcap))
-    in_place = inplace_grad and not compiling and torch.is_grad_enabled() and logits.requires_grad
-    if direct_call_allowed():
-        if in_place:
-            loss, bad = _cross_entropy.direct_inplace(*args)
+    try:
+        compiling = torch.compiler.is_compiling()
+        gpu_check = _cross_entropy.gpu_target_check("cross_entropy", check_target, logits, compiling)
+        args = (logits, target, weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
+                None if softcap is None else float(softcap))
+        in_place = inplace_grad and not compiling and torch.is_grad_enabled() and logits.requires_grad
+        if direct_call_allowed():
+            if in_place:
+                loss, bad = _cross_entropy.direct_inplace(*args)
+            else:
+                loss, bad = _cross_entropy.direct(*args)
+        elif in_place:
+            loss, _lse, bad = _cross_entropy_inplace_op(*args)
         else:
-            loss, bad = _cross_entropy.direct(*args)
-    elif in_place:
-        loss, _lse, bad = _cross_entropy_inplace_op(*args)
-    else:
-        needs_grad = torch.is_grad_enabled() and logits.requires_grad
-        loss, _lse, _grad, bad = _cross_entropy_op(*args, needs_grad)
-    if gpu_check is not None:
-        gpu_check.finish(bad, _cross_entropy.target_message("cross_entropy", target, logits.shape[-1], ignore_index))
-    if loss.dtype != logits.dtype and not torch.is_autocast_enabled(logits.device.type):
-        loss = loss.to(logits.dtype)
-    return loss
+            needs_grad = torch.is_grad_enabled() and logits.requires_grad
+            loss, _lse, _grad, bad = _cross_entropy_op(*args, needs_grad)
+        if gpu_check is not None:
+            gpu_check.finish(
+                bad, _cross_entropy.target_message("cross_entropy", target, logits.shape[-1], ignore_index)
+            )
+        if loss.dtype != logits.dtype and not torch.is_autocast_enabled(logits.device.type):
+            loss = loss.to(logits.dtype)
+        return loss
+    except Exception:  # (re-raised below)
+        _name_the_non_tensor(cross_entropy, locals())
+        raise
 
 
 _linear_cross_entropy_op = _linear_cross_entropy.forward
@@ -482,31 +546,39 @@ def linear_cross_entropy(
         them) and scaled in the backward; with ``"none"`` the backward recomputes the logits
         chunk by chunk.
     """
-    compiling = torch.compiler.is_compiling()
-    gpu_check = _cross_entropy.gpu_target_check("linear_cross_entropy", check_target, hidden, compiling)
-    # (under autocast the op checks its arguments itself, after its rule has cast them: a float32
-    # hidden with a bf16 weight is fine there, as for torch's linear)
-    if not compiling and not torch.is_autocast_enabled(hidden.device.type):
-        _linear_cross_entropy.check(
-            "linear_cross_entropy", hidden, weight, target, bias, class_weight, ignore_index, reduction,
-            label_smoothing, z_loss, softcap, chunk_rows, low_memory, chunk_classes,
+    try:
+        compiling = torch.compiler.is_compiling()
+        gpu_check = _cross_entropy.gpu_target_check("linear_cross_entropy", check_target, hidden, compiling)
+        # (under autocast the op checks its arguments itself, after its rule has cast them: a float32
+        # hidden with a bf16 weight is fine there, as for torch's linear)
+        if not compiling and not torch.is_autocast_enabled(hidden.device.type):
+            _linear_cross_entropy.check(
+                "linear_cross_entropy", hidden, weight, target, bias, class_weight, ignore_index, reduction,
+                label_smoothing, z_loss, softcap, chunk_rows, low_memory, chunk_classes,
+            )
+        needs_grad = torch.is_grad_enabled() and (
+            hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
         )
-    needs_grad = torch.is_grad_enabled() and (
-        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    )
-    if needs_grad:
-        _linear_cross_entropy._refuse_class_weight_grad(class_weight)
-    args = (
-        hidden, weight, target, bias, class_weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
-        None if softcap is None else float(softcap), chunk_rows, bool(low_memory), chunk_classes,
-        needs_grad and reduction != "none",
-    )
-    if direct_call_allowed():
-        loss, bad = _linear_cross_entropy.direct(needs_grad, *args)
-    else:
-        loss, _gh, _gw, _gb, bad = _linear_cross_entropy_op(*args)
-    if gpu_check is not None:
-        gpu_check.finish(bad, _cross_entropy.target_message("linear_cross_entropy", target, weight.shape[0], ignore_index))
-    if loss.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):
-        loss = loss.to(hidden.dtype)  # as cross_entropy on the logits, which are in hidden's dtype
-    return loss
+        if needs_grad:
+            _linear_cross_entropy._refuse_class_weight_grad(class_weight)
+        args = (
+            hidden, weight, target, bias, class_weight, ignore_index, reduction, float(label_smoothing),
+            float(z_loss), None if softcap is None else float(softcap), chunk_rows, bool(low_memory),
+            chunk_classes,
+            needs_grad and reduction != "none",
+        )
+        if direct_call_allowed():
+            loss, bad = _linear_cross_entropy.direct(needs_grad, *args)
+        else:
+            loss, _gh, _gw, _gb, bad = _linear_cross_entropy_op(*args)
+        if gpu_check is not None:
+            gpu_check.finish(
+                bad,
+                _cross_entropy.target_message("linear_cross_entropy", target, weight.shape[0], ignore_index),
+            )
+        if loss.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):
+            loss = loss.to(hidden.dtype)  # as cross_entropy on the logits, which are in hidden's dtype
+        return loss
+    except Exception:  # (re-raised below)
+        _name_the_non_tensor(linear_cross_entropy, locals())
+        raise
