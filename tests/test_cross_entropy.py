@@ -357,12 +357,38 @@ def test_all_ignored_mean_is_nan_like_torch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_zero_weight_mean_like_torch(device):
-    """Weights that are 0 for every kept target: 0 / 0 under "mean", as torch."""
-    x, t = _problem(device, ignore=False)
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_zero_weight_mean_like_torch(device, label_smoothing):
+    """Weights that are 0 for every kept target: 0 / 0 under "mean", as torch, even where the
+    smoothing term alone would be finite / 0 = inf; the kept rows' gradients are NaN and the
+    ignored rows' 0, as torch's."""
+    x, t = _problem(device)
     w = torch.ones(50, device=device)
-    w[t] = 0
-    assert torch.isnan(fusedops.cross_entropy(x, t, weight=w)) and torch.isnan(F.cross_entropy(x, t, weight=w))
+    w[t[t >= 0]] = 0
+    kw = dict(weight=w, label_smoothing=label_smoothing)
+    loss = fusedops.cross_entropy(x, t, **kw)
+    (grad,) = torch.autograd.grad(loss, x)
+    xr = x.detach().clone().requires_grad_()
+    ref = F.cross_entropy(xr, t, **kw)
+    ref.backward()
+    assert torch.isnan(loss) and torch.isnan(ref)
+    assert torch.equal(grad.isnan(), xr.grad.isnan()) and (grad[t == -100] == 0).all()
+    assert torch.isnan(fusedops.cross_entropy(x.detach(), t, **kw))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_million_rows_add_up(device, reduction):
+    """2^20 rows: the per-row losses and the mean's weighted denominator are added without
+    float32's drift (a running float32 sum is off by about 2e-3 here)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2**20, 2, generator=g).to(device)
+    t = torch.randint(0, 2, (2**20,), generator=g).to(device)
+    t[::5] = -100
+    w = (torch.rand(2, generator=g) + 0.5).to(device)
+    loss = fusedops.cross_entropy(x, t, weight=w, reduction=reduction)
+    expected = F.cross_entropy(x.double(), t, weight=w.double(), reduction=reduction)
+    torch.testing.assert_close(loss.double(), expected, atol=0, rtol=1e-5)
 
 
 def test_bad_target_cpu():

@@ -208,6 +208,25 @@ def test_mean_all_ignored(mode):
     assert fusedops.linear_cross_entropy(h, w, t, b, reduction="sum", **mode).item() == 0.0
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_mean_zero_class_weights(mode, label_smoothing):
+    """Class weights that are 0 for every kept target under 'mean': 0 / 0, NaN, as torch's, with
+    or without gradients and even where smoothing's term alone would be finite / 0 = inf; the
+    gradients NaN where torch's are (the kept rows of grad_hidden, all of grad_weight and grad_bias)."""
+    h, w, b, t = _inputs(6, 3, 7, "cpu")
+    cw = torch.ones(7, dtype=torch.float64)
+    cw[t[t >= 0]] = 0
+    kw = dict(class_weight=cw, label_smoothing=label_smoothing)
+    loss = fusedops.linear_cross_entropy(h, w, t, b, **kw, **mode)
+    with torch.no_grad():
+        assert torch.isnan(fusedops.linear_cross_entropy(h, w, t, b, **kw, **mode))
+    ref = torch.nn.functional.cross_entropy(h @ w.t() + b, t, weight=cw, label_smoothing=label_smoothing)
+    assert torch.isnan(loss) and torch.isnan(ref)
+    for got, exp in zip(_grads(loss, [h, w, b]), _grads(ref, [h, w, b])):
+        assert torch.equal(got.isnan(), exp.isnan()) and torch.equal(got.nan_to_num(), exp.nan_to_num())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", MODES)
 def test_nan_logits_of_a_whole_chunk(device, mode):

@@ -203,15 +203,19 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
   const A W_sum = A(W_sum_d);
   a.W_sum = W_sum;
   if (p.reduction == Reduction::kMean) {
-    A dw = 0, dn = 0;
+    // (in float64: a float32 count stops at 2^24, and a float32 sum of a million weights is
+    // off in its fourth digit)
+    double dw = 0, dn = 0;
     for (int64_t i = 0; i < p.R; ++i) {
       const int64_t t = int64_t(target[i]);
       if (t == p.ignore_index) continue;
-      dw += a.weight != nullptr ? A(to_acc(a.weight[t])) : A(1);
+      dw += a.weight != nullptr ? double(to_acc(a.weight[t])) : 1.0;
       dn += 1;
     }
-    a.sw = A(1) / dw;
-    a.sn = A(1) / dn;
+    // Kept targets whose weights add up to 0: the loss is 0 / 0 as torch's, NaN even where
+    // smoothing's term alone would be finite / 0.
+    a.sw = dw != 0 ? A(1.0 / dw) : std::numeric_limits<A>::quiet_NaN();
+    a.sn = A(1.0 / dn);
   }
   A* lse_out = o.lse.mutable_data_ptr<A>();
   std::vector<A> row_loss(p.reduction == Reduction::kNone ? 0 : p.R);
@@ -275,12 +279,12 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
     }
   });
   if (p.reduction != Reduction::kNone) {
-    A total = 0;
-    for (int64_t i = 0; i < p.R; ++i) total += row_loss[i];
+    double total = 0;  // (float64: see the mean's denominators above)
+    for (int64_t i = 0; i < p.R; ++i) total += double(row_loss[i]);
     // All rows ignored under "mean": 0 / 0, as torch.
     if (p.reduction == Reduction::kMean && !(a.sn < std::numeric_limits<A>::infinity()))
-      total = std::numeric_limits<A>::quiet_NaN();
-    *o.loss.mutable_data_ptr<A>() = total;
+      total = std::numeric_limits<double>::quiet_NaN();
+    *o.loss.mutable_data_ptr<A>() = A(total);
   }
   *o.bad_target.mutable_data_ptr<int64_t>() = -1;
 }

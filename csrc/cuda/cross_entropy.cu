@@ -356,8 +356,10 @@ struct Scales {
 
 template <typename A>
 __device__ __forceinline__ Scales<A> load_scales(const Args<A>& a) {
-  // (the hardware reciprocal: an IEEE division's slow-path call costs registers and spills)
-  return {a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[0]) : A(1),
+  // (the hardware reciprocal: an IEEE division's slow-path call costs registers and spills;
+  // kept targets whose weights add up to 0 give 0 / 0 as torch's, NaN even with smoothing)
+  const A dw = a.stats[0];
+  return {a.mean ? (dw != A(0) ? fusedops::norm::cuda::rcp_acc(dw) : quiet_nan<A>()) : A(1),
           a.mean ? fusedops::norm::cuda::rcp_acc(a.stats[1]) : A(1), a.weighted ? a.stats[2] : A(a.V)};
 }
 

@@ -248,6 +248,12 @@ def _class_weight_for(class_weight, dt):
     return class_weight.float()
 
 
+def _reciprocal_or_nan(weight_sum):
+    """1 / the kept targets' weight sum under "mean"; NaN where that sum is 0 (0 / 0, as torch's,
+    even where label smoothing's term alone would give finite / 0)."""
+    return torch.where(weight_sum != 0, 1.0 / weight_sum, torch.full_like(weight_sum, float("nan")))
+
+
 def _plan(target_flat, class_weight, ignore_index, reduction, z_loss, acc, V):
     """(class weights the chunks use, the factor the loss is multiplied by at the end, the one the
     gradients are) for the whole batch, the factors None unless "mean"; device arithmetic only.
@@ -263,9 +269,9 @@ def _plan(target_flat, class_weight, ignore_index, reduction, z_loss, acc, V):
         safe = torch.where(kept & (target_flat >= 0) & (target_flat < V), target_flat, torch.zeros_like(target_flat))
         wsum = torch.where(kept, w.to(acc)[safe], torch.zeros((), dtype=acc, device=w.device)).sum()
         if z_loss == 0.0:
-            factor = 1.0 / wsum
+            factor = _reciprocal_or_nan(wsum)
         else:
-            w, factor = w.to(acc) * (count / wsum), 1.0 / count
+            w, factor = w.to(acc) * (count * _reciprocal_or_nan(wsum)), 1.0 / count
     return w, factor, torch.where(count > 0, factor, torch.zeros_like(factor))
 
 
@@ -444,7 +450,7 @@ def _finish_rows(stats, t, class_weight, V, ignore_index, reduction, eps, z, gra
     ce = torch.where(kept, ce, zero)
     zl = torch.where(kept, zl, zero)
     if reduction == "mean":
-        sw = 1.0 / wt.sum()
+        sw = _reciprocal_or_nan(wt.sum())
         sn = 1.0 / kept.sum().to(acc)
         loss = ce.sum() * sw + zl.sum() * sn  # (every row ignored: 0 / 0, NaN, as torch)
     else:

@@ -164,7 +164,9 @@ def _row_kernel(
             ce += eps * inv_v * (w_sum * ls + (w_sum * (mx - shift) - tl.sum(wx, 0)))
         zl = z * lse * lse
         if MEAN:
-            sw = 1.0 / tl.load(stats_ptr).to(ACC)
+            # (kept targets whose weights add up to 0: 0 / 0 as torch's, NaN even with smoothing)
+            dw = tl.load(stats_ptr).to(ACC)
+            sw = tl.where(dw != 0.0, 1.0 / dw, float("nan"))
             sn = 1.0 / tl.load(stats_ptr + 1).to(ACC)
         else:
             sw = tl.full([], 1.0, ACC)
