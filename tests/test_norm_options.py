@@ -83,6 +83,43 @@ def test_save_output_keeps_the_output_not_the_input(device, with_weight):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def check_save_output_with_a_zero_scale(backward, device, rows, n):
+    """Gemma's offset with a weight at -offset (column 3): the output there is 0 whatever the
+    input, so the memory-saving backward cannot recover xhat in that column. That column's
+    gradients come out NaN, and only that column's: every other one matches the backward from
+    the saved input. `backward` has rms_norm_backward's signature."""
+    x = torch.randn(rows, n, device=device)
+    w = 0.1 * torch.randn(n, device=device)
+    w[3] = -1.0
+    y, rstd = torch.ops.fusedops.rms_norm(x, w, 1e-6, 1.0)
+    dy = torch.randn_like(y)
+    dx, dw = backward(dy, y, w, rstd, 1.0, True, True)
+    dx_ref, dw_ref = torch.ops.fusedops.rms_norm_backward(dy, x, w, rstd, 1.0, False, True)
+    assert dx[:, 3].isnan().all() and dw[3].isnan()
+    others = torch.arange(n, device=device) != 3
+    torch.testing.assert_close(dx[:, others], dx_ref[:, others], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dw[others], dw_ref[others], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [96, 40960])
+def test_save_output_with_a_zero_scale(device, n):
+    check_save_output_with_a_zero_scale(torch.ops.fusedops.rms_norm_backward, device, 6, n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", WIDTHS)
+def test_layer_norm_far_from_zero(device, n):
+    """Rows whose mean is 1e5 times their spread: the mean keeps its digits (a plain float32 sum
+    of the row is off by whole units there, and every output with it). What is left is the
+    float32 mean's own rounding, half a unit in the last place of 1e5 (0.004)."""
+    x = 1e5 + torch.randn(8, n, device=device)
+    w, b = torch.randn(n, device=device), torch.randn(n, device=device)
+    expected = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+    got = fusedops.layer_norm(x, w, b, 1e-5)
+    torch.testing.assert_close(got.double(), expected, atol=0.01 * w.abs().max().item(), rtol=0)
+
+
 def _residual_views(device, dtype):
     """Residuals the in-place form must update where they lie: contiguous, rows sliced out of a
     wider buffer, and a strided last dimension (updated through a copy)."""

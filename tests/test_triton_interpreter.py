@@ -97,6 +97,20 @@ def test_norm_long_row_kernels(info, dtype, monkeypatch):
     assert _check_samples(info, dtype, min_row=9, max_numel=400) > 0
 
 
+@pytest.mark.parametrize("long_rows", [False, True])
+def test_rms_norm_save_output_with_a_zero_scale(long_rows, monkeypatch):
+    """test_norm_options' check on the Triton backward, for rows in one program and (shrunk
+    limits, as above) rows over several chunks."""
+    pytest.importorskip("triton")
+    from fusedops.triton import _norm
+    from test_norm_options import check_save_output_with_a_zero_scale
+
+    if long_rows:
+        for knob in ("_BWD_FUSED_MAX_N", "_LOOP_BLOCK_N"):
+            monkeypatch.setattr(_norm, knob, 8)
+    check_save_output_with_a_zero_scale(OP_MODULES["rms_norm"].TRITON_IMPLS["rms_norm_backward"], "cpu", 5, 24)
+
+
 @pytest.mark.parametrize("info", NORMS)
 def test_norm_backward_takes_strided_statistics(info):
     """The backward ops take rstd (and mean) with any strides, as the CPU kernels do: here every

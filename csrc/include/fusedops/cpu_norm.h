@@ -60,12 +60,17 @@ decltype(auto) dispatch_wider(ScalarType t, F&& f) {
 // Rows per parallel task: enough elements that a task outweighs the pool's overhead.
 int64_t grain_rows(int64_t n) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)); }
 
+// The row's mean, as x[0] + mean(x - x[0]): a row whose |mean| is far above its spread would
+// lose the mean in a plain float32 sum (of 4096 values 1e5 + N(0, 1), off by whole units), while
+// x - x[0] is of the spread's order and nearly exact. (n == 0: 0 / 0, NaN.)
 template <typename T>
-FUSEDOPS_CPU_INLINE acc_t<T> row_sum(const T* x, int64_t n) {
-  acc_t<T> s = 0;
+FUSEDOPS_CPU_INLINE acc_t<T> row_mean(const T* x, int64_t n) {
+  using A = acc_t<T>;
+  const A x0 = n > 0 ? to_acc(x[0]) : A(0);
+  A s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j < n; ++j) s += to_acc(x[j]);
-  return s;
+  for (int64_t j = 0; j < n; ++j) s += to_acc(x[j]) - x0;
+  return x0 + s / A(n);
 }
 
 // Sum of (x - mu)^2; two sweeps (mean first) rather than sum and sum of squares together, which
@@ -82,8 +87,8 @@ FUSEDOPS_CPU_INLINE acc_t<T> row_sum_sq(const T* x, int64_t n, acc_t<T> mu) {
 }
 
 // h = x + r rounded to R, written to `h` (which may be `r` itself: each element is read before
-// it is written); returns the sum of the rounded h (kSquares: of h^2).
-template <bool kSquares, typename T, typename R>
+// it is written); returns the sum of the rounded h^2.
+template <typename T, typename R>
 FUSEDOPS_CPU_INLINE acc_t<R> add_row(const T* x, const R* r, R* h, int64_t n) {
   using A = acc_t<R>;
   A s = 0;
@@ -91,7 +96,7 @@ FUSEDOPS_CPU_INLINE acc_t<R> add_row(const T* x, const R* r, R* h, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
     h[j] = from_acc<R>(A(to_acc(x[j])) + to_acc(r[j]));
     const A v = to_acc(h[j]);
-    s += kSquares ? v * v : v;
+    s += v * v;
   }
   return s;
 }
@@ -201,17 +206,19 @@ FUSEDOPS_CPU_INLINE void forward_rows_with(const ForwardArgs<T, W, R>& a, int64_
   const W* b = a.b;
   for (int64_t r = begin; r < end; ++r) {
     const X* xr;
-    A s;  // the first sweep's sum: of x (centred) or of x^2
+    static_assert(!(kAdd && kCentered), "a residual is add_rms_norm's alone");
+    A sum_sq;  // of (x - mean)^2, or of x^2
+    A mu = 0;
     if constexpr (kAdd) {
       R* hr = a.h + a.h_rows.offset(r);
-      s = add_row<!kCentered>(a.x + a.x_rows.offset(r), a.res + a.res_rows.offset(r), hr, n);
+      sum_sq = add_row(a.x + a.x_rows.offset(r), a.res + a.res_rows.offset(r), hr, n);
       xr = hr;
     } else {
       xr = a.x + a.x_rows.offset(r);
-      s = kCentered ? row_sum(xr, n) : row_sum_sq(xr, n, A(0));
+      if constexpr (kCentered) mu = row_mean(xr, n);
+      sum_sq = row_sum_sq(xr, n, mu);
     }
-    const A mu = kCentered ? s / A(n) : A(0);
-    const A rs = A(1) / std::sqrt((kCentered ? row_sum_sq(xr, n, mu) : s) / A(n) + a.eps);
+    const A rs = A(1) / std::sqrt(sum_sq / A(n) + a.eps);
     if (kCentered) a.mean[r] = mu;
     a.rstd[r] = rs;
     T* yr = a.y + r * n;
@@ -379,9 +386,15 @@ FUSEDOPS_CPU_INLINE void backward_rows_with(const BackwardArgs<T, X, W>& a, acc_
     A sum_gu = 0, sum_g = 0;
 #pragma omp simd reduction(+ : sum_gu, sum_g)
     for (int64_t j = 0; j < n; ++j) {
-      const A g = weighted_grad<kW>(dyr, w, j);
-      sum_gu += g * unscaled_xhat<kSavedOutput>(xr, inv_w, shift, mu, j);
-      if (kCentered) sum_g += g;
+      if constexpr (kSavedOutput) {
+        // g * xhat = dy * y: no division, so a column where offset + w is 0 (y = 0 there)
+        // adds 0 rather than 0 * inf, and only its own gradients are NaN.
+        sum_gu += to_acc(dyr[j]) * to_acc(xr[j]);
+      } else {
+        const A g = weighted_grad<kW>(dyr, w, j);
+        sum_gu += g * unscaled_xhat<kSavedOutput>(xr, inv_w, shift, mu, j);
+        if (kCentered) sum_g += g;
+      }
     }
     const A k = kSavedOutput ? A(1) : rs;
     const A c1 = k * sum_gu / A(n) * k;  // mean(g * xhat) * k, applied to u

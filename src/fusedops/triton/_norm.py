@@ -543,7 +543,12 @@ def _bwd_fused_kernel(
         else:
             xhat = _xhat(x, w, mean, rstd[:, None], CENTERED, HAS_W, SAVED_IS_OUTPUT)
             g = dy
-        c1 = tl.sum(g * xhat, axis=1) / N
+        if SAVED_IS_OUTPUT:
+            # g * xhat = dy * y: no division, so a column where offset + w is 0 (y = 0 there)
+            # adds 0 rather than 0 * inf, and only its own gradients are NaN.
+            c1 = tl.sum(dy * x, axis=1) / N
+        else:
+            c1 = tl.sum(g * xhat, axis=1) / N
         if CENTERED:
             c0 = tl.sum(g, axis=1) / N
             dx = rstd[:, None] * (g - c0[:, None] - xhat * c1[:, None])
@@ -603,19 +608,18 @@ def _bwd_row_stats_kernel(
         m = c < N
         x = tl.load(x_row + c, mask=m, other=0.0).to(ACC)
         g = tl.load(dy_row + c, mask=m, other=0.0).to(ACC)
-        if HAS_W:
-            w = _load_weight(W, c, m, offset, offset_lo, W_OFFSET, SAVED_IS_OUTPUT, ACC)
-            g = g * w
-        else:
-            w = 1.0
         if SAVED_IS_OUTPUT:
-            acc += g * _xhat(x, w, 0.0, 1.0, CENTERED, HAS_W, SAVED_IS_OUTPUT)
-        elif CENTERED:
-            # Padding lanes have g = 0, so x - mean needs no masking.
-            acc += g * (x - mean)
-            acc_g += g
-        else:
+            # g * xhat = dy * y: see _bwd_fused_kernel.
             acc += g * x
+        else:
+            if HAS_W:
+                g = g * _load_weight(W, c, m, offset, offset_lo, W_OFFSET, SAVED_IS_OUTPUT, ACC)
+            if CENTERED:
+                # Padding lanes have g = 0, so x - mean needs no masking.
+                acc += g * (x - mean)
+                acc_g += g
+            else:
+                acc += g * x
     if SAVED_IS_OUTPUT:
         tl.store(C1 + row, tl.sum(acc, axis=0) / N)
     else:
