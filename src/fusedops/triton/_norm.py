@@ -762,7 +762,10 @@ def _tl_acc(acc: torch.dtype) -> tl.dtype:
 @functools.lru_cache(maxsize=64)  # (a model passes the same few eps and offsets on every call)
 def _split_scalar(value: float) -> tuple[float, float]:
     """Return fp32-representable (hi, lo) with hi + lo ~= value to ~48 bits
-    (eps and offset reach the kernels as fp32 scalar arguments)."""
+    (eps and offset reach the kernels as fp32 scalar arguments). Outside float32's
+    range the pair cannot carry the value: below its smallest subnormal (1.4e-45) it
+    arrives as 0, beyond 3.4e38 as inf; only a float64 call could notice, and no norm
+    uses such an eps or offset."""
     try:
         hi = struct.unpack("f", struct.pack("f", value))[0]
     except OverflowError:
