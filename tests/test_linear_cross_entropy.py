@@ -485,6 +485,10 @@ def test_module_loads_an_lm_head_and_matches(mode):
     ref.backward()
     _close(module.weight.grad, lm_head.weight.grad)
     # Tied weights stay tied: from_linear shares the parameter itself.
+    # class_weight is a loss option, not state: an lm_head still loads strictly.
+    weighted = fusedops.nn.LinearCrossEntropyLoss(16, 50, bias=True, class_weight=torch.rand(50))
+    weighted.load_state_dict(lm_head.state_dict())
+    assert set(weighted.state_dict()) == {"weight", "bias"} and weighted.class_weight.shape == (50,)
     tied = fusedops.nn.LinearCrossEntropyLoss.from_linear(lm_head)
     assert tied.weight is lm_head.weight and tied.bias is lm_head.bias
     assert "hidden_size=16, vocab_size=50, bias=True" in repr(tied)

@@ -46,6 +46,34 @@ def test_wrong_trailing_shape(ours):
         ours(16)(torch.randn(2, 8))
 
 
+@pytest.mark.parametrize("ours", [fusedops.nn.RMSNorm, fusedops.nn.LayerNorm])
+def test_empty_normalized_shape(ours):
+    """As torch: a module of normalized_shape () constructs, and refuses every input."""
+    norm = ours(())
+    for x in (torch.randn(2, 8), torch.randn(())):
+        with pytest.raises(ValueError, match=r"normalized_shape must have at least one dimension, got \[\]"):
+            norm(x)
+
+
+@pytest.mark.parametrize("ours, args", [
+    (fusedops.nn.RMSNorm, (16,)), (fusedops.nn.LayerNorm, (16,)), (fusedops.nn.AddRMSNorm, (16,)),
+    (fusedops.nn.SwiGLUMLP, (16, 40)), (fusedops.nn.LinearCrossEntropyLoss, (16, 50)),
+])
+def test_modules_run_on_meta(ours, args):
+    """Modules built on the meta device (how a model's shapes are taken before its weights are
+    loaded) run there, 16-bit ones included, as torch's."""
+    module = ours(*args, device="meta", dtype=torch.bfloat16)
+    x = torch.empty(2, 3, 16, device="meta", dtype=torch.bfloat16)
+    if isinstance(module, fusedops.nn.LinearCrossEntropyLoss):
+        out = module(x, torch.empty(2, 3, dtype=torch.long, device="meta"))
+        assert out.shape == () and out.dtype == torch.bfloat16
+    elif isinstance(module, fusedops.nn.AddRMSNorm):
+        out, residual = module(x, torch.empty_like(x))
+        assert out.shape == residual.shape == x.shape
+    else:
+        assert module(x).shape == x.shape and module(x).device.type == "meta"
+
+
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
 def test_rms_norm_default_eps(dtype, device):

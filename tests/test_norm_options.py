@@ -156,6 +156,23 @@ def test_add_rms_norm_inplace_refuses_gradients(device):
         fusedops.add_rms_norm_(x, residual)
 
 
+def test_add_rms_norm_inplace_refuses_inference_tensors():
+    """As torch's in-place ops: an inference tensor is written only inside inference_mode."""
+    x = torch.randn(4, 32)
+    with torch.inference_mode():
+        residual = torch.randn(4, 32)
+    before = residual.clone()
+    message = r"fusedops.add_rms_norm_: residual is an inference tensor, which cannot be updated in place outside"
+    with pytest.raises(RuntimeError, match=message):
+        fusedops.add_rms_norm_(x, residual)
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.fusedops.add_rms_norm_(x, residual, None, 1e-6)
+    assert torch.equal(residual, before)
+    with torch.inference_mode():
+        fusedops.add_rms_norm_(x, residual)
+    assert torch.equal(residual, x + before)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_add_rms_norm_inplace_compiles(device):
     """torch.compile functionalises the mutation and writes the result back into residual."""

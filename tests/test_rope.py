@@ -6,6 +6,7 @@ against an fp64 transcription of its formulas (including LLaMA-3 scaling)."""
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -195,6 +196,23 @@ def test_inplace_refuses_grad():
         torch.ops.fusedops.rope_(q, k, c, s)
     with torch.no_grad():
         fusedops.rope_(q, k, c, s)
+
+
+def test_inplace_refuses_inference_tensors():
+    """As torch's in-place ops: an inference tensor is written only inside inference_mode."""
+    q = torch.randn(1, 2, 3, 8)
+    c, s = torch.randn(1, 3, 8), torch.randn(1, 3, 8)
+    with torch.inference_mode():
+        k = torch.randn(1, 2, 3, 8)
+    message = r"fusedops.rope_: k is an inference tensor, which cannot be updated in place outside"
+    with pytest.raises(RuntimeError, match=message):
+        fusedops.rope_(q, k, c, s)
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.fusedops.rope_(q, k, c, s)
+    with torch.inference_mode():
+        expected = fusedops.rope(q, k, c, s)
+        fusedops.rope_(q, k, c, s)
+    assert torch.equal(q, expected[0]) and torch.equal(k, expected[1])
 
 
 def test_inplace_compiles():
@@ -501,6 +519,10 @@ def test_rotary_embedding_module_behaviour():
     assert rot.attention_scaling == 1.0
     with pytest.raises(ValueError, match=r"RotaryEmbedding: dim must be a positive even number, got 7"):
         fusedops.nn.RotaryEmbedding(7)
+    with pytest.raises(TypeError, match=r"RotaryEmbedding: dim must be an integer, got float"):
+        fusedops.nn.RotaryEmbedding(64.0)
+    # Integers of other types, as torch's modules take them (a config's numpy value, say).
+    assert fusedops.nn.RotaryEmbedding(np.int64(64)).dim == 64 == fusedops.nn.RotaryEmbedding(torch.tensor(64)).dim
     with pytest.raises(ValueError, match=r"RotaryEmbedding: rope_type 'yarn' is not supported"):
         fusedops.nn.RotaryEmbedding(64, rope_scaling={"rope_type": "yarn", "factor": 2.0})
     with pytest.raises(ValueError, match=r"RotaryEmbedding: llama3 rope_scaling needs 'low_freq_factor'"):

@@ -21,6 +21,15 @@ from .ops import swiglu_packed as _swiglu_packed
 from .ops._direct import direct_call_allowed
 
 
+def _autocast_enabled(device_type: str) -> bool:
+    """torch.is_autocast_enabled for any device type: False where autocast has none (torch
+    raises for "meta", where models are built for their shapes)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return False
+
+
 def _name_the_non_tensor(function, arguments):
     """On the way out of a public function that failed: raises a TypeError naming the first
     argument annotated as a tensor that is not one (None where the annotation allows it), as
@@ -481,7 +490,7 @@ def cross_entropy(
             gpu_check.finish(
                 bad, _cross_entropy.target_message("cross_entropy", target, logits.shape[-1], ignore_index)
             )
-        if loss.dtype != logits.dtype and not torch.is_autocast_enabled(logits.device.type):
+        if loss.dtype != logits.dtype and not _autocast_enabled(logits.device.type):
             loss = loss.to(logits.dtype)
         return loss
     except Exception:  # (re-raised below)
@@ -551,7 +560,7 @@ def linear_cross_entropy(
         gpu_check = _cross_entropy.gpu_target_check("linear_cross_entropy", check_target, hidden, compiling)
         # (under autocast the op checks its arguments itself, after its rule has cast them: a float32
         # hidden with a bf16 weight is fine there, as for torch's linear)
-        if not compiling and not torch.is_autocast_enabled(hidden.device.type):
+        if not compiling and not _autocast_enabled(hidden.device.type):
             _linear_cross_entropy.check(
                 "linear_cross_entropy", hidden, weight, target, bias, class_weight, ignore_index, reduction,
                 label_smoothing, z_loss, softcap, chunk_rows, low_memory, chunk_classes,
@@ -576,7 +585,7 @@ def linear_cross_entropy(
                 bad,
                 _cross_entropy.target_message("linear_cross_entropy", target, weight.shape[0], ignore_index),
             )
-        if loss.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):
+        if loss.dtype != hidden.dtype and not _autocast_enabled(hidden.device.type):
             loss = loss.to(hidden.dtype)  # as cross_entropy on the logits, which are in hidden's dtype
         return loss
     except Exception:  # (re-raised below)

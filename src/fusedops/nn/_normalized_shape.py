@@ -19,6 +19,8 @@ def apply_over_trailing(
     dimensions are flattened into one (a copy only if they cannot be viewed as one), the
     parameters likewise, and the result is viewed back to ``input``'s shape."""
     k = len(normalized_shape)
+    if k == 0:  # (as torch's norms: at call time, not at construction)
+        raise ValueError(f"{module}: normalized_shape must have at least one dimension, got []")
     if tuple(input.shape[-k:]) != tuple(normalized_shape):
         raise ValueError(
             f"{module}: input's trailing shape {list(input.shape[-k:])} does not match "

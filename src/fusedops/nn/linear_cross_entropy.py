@@ -19,8 +19,10 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     ``forward(hidden, target)``: hidden ``(..., hidden_size)``, target ``(...)``; returns the loss.
     For a model whose ``lm_head`` is tied to its input embedding, use :meth:`from_linear`, which
     shares the existing parameter instead of making one. The loss options are those of
-    :func:`fusedops.linear_cross_entropy`; ``class_weight`` is a buffer, as torch's
-    ``CrossEntropyLoss.weight``.
+    :func:`fusedops.linear_cross_entropy`; ``class_weight`` is a buffer (it follows ``.to()``, as
+    torch's ``CrossEntropyLoss.weight``) kept out of the ``state_dict``: it is a loss option
+    given to the constructor, like the others, and an ``lm_head``'s ``state_dict`` loads strictly
+    with it as without it.
     """
 
     __constants__ = ["ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "chunk_rows",
@@ -54,7 +56,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             self.bias = torch.nn.Parameter(torch.empty(vocab_size, **factory))
         else:
             self.register_parameter("bias", None)
-        self.register_buffer("class_weight", class_weight)
+        self.register_buffer("class_weight", class_weight, persistent=False)
         self.ignore_index = int(ignore_index)
         self.reduction = reduction
         self.label_smoothing = float(label_smoothing)

@@ -2,6 +2,7 @@
 feed fusedops.rope."""
 
 import math
+import operator
 from typing import Optional
 
 import torch
@@ -61,7 +62,11 @@ class RotaryEmbedding(torch.nn.Module):
         device=None,
     ) -> None:
         super().__init__()
-        if not (isinstance(dim, int) and dim > 0 and dim % 2 == 0):
+        try:
+            dim = operator.index(dim)  # (numpy and 0-d tensor integers too, as torch's modules take)
+        except TypeError:
+            raise TypeError(f"RotaryEmbedding: dim must be an integer, got {type(dim).__name__}") from None
+        if not (dim > 0 and dim % 2 == 0):
             raise ValueError(f"RotaryEmbedding: dim must be a positive even number, got {dim}")
         self.dim = dim
         self.max_position_embeddings = max_position_embeddings

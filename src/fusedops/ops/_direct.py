@@ -28,6 +28,7 @@ unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 _any_autocast = torch._C._is_any_autocast_enabled
 _functorch_active = torch._C._are_functorch_transforms_active
 _is_compiling = torch.compiler.is_compiling
+_inference_mode_enabled = torch.is_inference_mode_enabled
 # Function.apply without its Python prologue (argument binding for setup_context-style
 # Functions, functorch dispatch, unwrap_if_dead on every argument): the C++ entry point.
 _base_apply = torch._C._FunctionBase.__dict__["apply"]
@@ -53,6 +54,19 @@ def below_autograd_unless_grad():
     out the C++ guard, rather than a Python context manager class: two Python frames less per
     backward.)"""
     return _NO_GUARD if torch.is_grad_enabled() else BelowAutograd()
+
+
+def refuse_inference_tensor_update(op: str, **mutated) -> None:
+    """An in-place form's check that torch's own in-place ops make: an inference tensor (made
+    under torch.inference_mode(), with no version counter) may be written only inside it."""
+    if _inference_mode_enabled():
+        return
+    for name, t in mutated.items():
+        if t.is_inference():
+            raise RuntimeError(
+                f"fusedops.{op}: {name} is an inference tensor, which cannot be updated in place outside "
+                "torch.inference_mode() (as torch's in-place ops refuse); call it under inference_mode, or clone it"
+            )
 
 
 def register_no_double_backward(backward_op: str, public_name: str) -> None:

@@ -163,6 +163,7 @@ def direct(input, residual, weight, eps, offset=0.0, cast_before_weight=False):
 
 
 def _inplace_no_grad_check(input, residual, weight):
+    _direct.refuse_inference_tensor_update("add_rms_norm_", residual=residual)
     if _needs_grad(input, residual, weight):
         raise RuntimeError(
             "fusedops.add_rms_norm_ updates residual in place and has no gradient (it is the inference form); "

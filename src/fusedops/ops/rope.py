@@ -366,6 +366,7 @@ def direct(q, k, cos, sin, position_ids=None, interleaved=False):
 
 
 def _inplace_no_grad_check(q, k, cos, sin):
+    _direct.refuse_inference_tensor_update("rope_", q=q, k=k)
     if _needs_grad(q, k, cos, sin):
         raise RuntimeError(
             "fusedops.rope_ rotates q and k in place and has no gradient (it is the inference form); "
