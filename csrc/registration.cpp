@@ -112,7 +112,7 @@ STABLE_TORCH_LIBRARY(fusedops, m) {
   // of the vocabulary at a time (logits: (rows, S), classes class_start .. class_start + S - 1;
   // weight: all the class weights). slice_stats_ merges the slice into each row's running
   // (max, sum of exp, sum of w_j x_j, target's logit) in stats (rows, 4); slice_grad_ turns the
-  // slice into its gradient in place from each row's (lse, cp, ct, cw) in coefs (rows, 4). The
+  // slice into its gradient in place from each row's (base, scale, ct, cw) in coefs (rows, 4). The
   // math: csrc/include/fusedops/cross_entropy.h.
   m.def(
       "cross_entropy_slice_stats_(Tensor logits, Tensor target, Tensor? weight, int class_start, int ignore_index, "

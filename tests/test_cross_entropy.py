@@ -99,6 +99,22 @@ def test_retain_graph(device, inplace_grad):
     torch.testing.assert_close(x.grad, 2 * once)
 
 
+def test_registered_op_keeps_its_gradient_output():
+    """torch.ops.fusedops.cross_entropy with compute_grad=True returns the gradient it saves; a
+    backward scales a copy (the public functions, which drop that output, let it scale in place),
+    and a create_graph backward on this route, which has no graph to hang its result from,
+    raises at once."""
+    x, t = _problem("cpu")
+    loss, _lse, grad, _bad = torch.ops.fusedops.cross_entropy(x, t, compute_grad=True)
+    returned = grad.clone()
+    (loss * 3).backward()
+    assert torch.equal(grad, returned)
+    torch.testing.assert_close(x.grad, 3 * returned)
+    loss = torch.ops.fusedops.cross_entropy(x, t, compute_grad=True)[0]
+    with pytest.raises(NotImplementedError, match="fusedops.cross_entropy does not support double backward"):
+        torch.autograd.grad(loss, x, create_graph=True)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_double_backward_and_weight_grad_raise(device):
     x, t = _problem(device)

@@ -296,6 +296,60 @@ def test_registered_op_without_compute_grad_recomputes(reduction, mode, z_loss):
         _close(a, e)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", MODES)
+def test_logits_far_from_zero(device, mode):
+    """Logits near 1e5, exact in float32 (hidden 1, weights in 64ths, the bias the offset), so
+    that any error is the op's own: no rounded lse (a unit in its last place is 0.008 there) is
+    taken from the logits, in the loss or in the gradient, in either mode."""
+    g = torch.Generator().manual_seed(0)
+    N, V = 8, 512
+    h = torch.ones(N, 1, device=device)
+    w = (torch.randint(-256, 256, (V, 1), generator=g).float() / 64).to(device).requires_grad_()
+    b = torch.full((V,), 1e5, device=device)
+    t = torch.randint(0, V, (N,), generator=g).to(device)
+    logits = (h.double() @ w.detach().double().T + b.double()).requires_grad_()
+    ref = torch.nn.functional.cross_entropy(logits, t, reduction="sum")
+    ref.backward()
+    loss = fusedops.linear_cross_entropy(h, w, t, b, reduction="sum", **mode)
+    loss.backward()
+    torch.testing.assert_close(loss.double(), ref.detach(), atol=1e-4, rtol=0)
+    torch.testing.assert_close(w.grad.double(), logits.grad.T @ h.double(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_registered_op_outputs_and_defaults(mode):
+    """The registered op called directly: with its trailing defaults left out (the dispatcher
+    drops them, and autograd's needs_input_grad with them) its backward works; the gradients it
+    returned with compute_grad=True are the caller's and stay as they were after a backward
+    (which scales a copy, not them)."""
+    h, w, b, t = _inputs(9, 4, 13, "cpu")
+    ref = reference(h, w, t, b)
+    expected = torch.autograd.grad(ref, [h, w, b])
+    got = torch.autograd.grad(torch.ops.fusedops.linear_cross_entropy(h, w, t, b)[0], [h, w, b])
+    for a, e in zip(got, expected):
+        _close(a, e)
+    loss, gh, gw, gb, _bad = lce_op.forward(h, w, t, b, None, -100, "sum", **mode, compute_grad=True)
+    returned = [g.clone() for g in (gh, gw, gb)]
+    (loss * 3).backward()
+    for g, r in zip((gh, gw, gb), returned):
+        assert torch.equal(g, r)
+    _close(h.grad, 3 * returned[0])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("mode", MODES)
+def test_gradient_penalty_raises(mode, reduction):
+    """A penalty on the gradient, differentiated with respect to the weight alone: that needs the
+    op's second derivative, which it does not have, so it raises rather than leave the penalty's
+    term out."""
+    h, w, b, t = _inputs(9, 4, 13, "cpu")
+    loss = fusedops.linear_cross_entropy(h, w, t, b, reduction=reduction, **mode)
+    (gh,) = torch.autograd.grad(loss, h, create_graph=True)
+    with pytest.raises(NotImplementedError, match="fusedops.linear_cross_entropy does not support double backward"):
+        torch.autograd.grad(loss + gh.pow(2).sum(), [w])
+
+
 @pytest.mark.parametrize("compute_grad", [False, True])
 @pytest.mark.parametrize("mode", MODES)
 def test_forward_outputs_alias_nothing(mode, compute_grad):

@@ -355,7 +355,7 @@ void slice_typed(const SliceProblem& s, bool grad) {
           }
           if constexpr (kS) r[2] += A(wx);
         } else {
-          row_grad<kCap, kW, kS>(a, x, x, r[0], A(0), r[1], r[3]);  // (coefs hold lse whole)
+          row_grad<kCap, kW, kS>(a, x, x, r[0], A(0), r[1], r[3]);  // (base, scale, ct, cw)
         }
       });
       if (!holds_target) continue;

@@ -862,7 +862,7 @@ __global__ void __launch_bounds__(kSliceThreads)
     return;
   }
   const A* k = coefs + 4 * row;
-  const RowCoefs<T, A> c{k[0], k[1], k[2], k[3]};  // (lse, cp, ct, cw): base lse, scale cp
+  const RowCoefs<T, A> c{k[0], k[1], k[2], k[3]};  // (base, scale, ct, cw)
   sweep_grad<T, VEC>(a, &c, g, g, t - class_start);
 }
 

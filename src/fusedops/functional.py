@@ -407,6 +407,7 @@ def rope_(
 
 
 _cross_entropy_op = _cross_entropy.forward
+_GRADIENTS_DROPPED = _cross_entropy.GradientsDropped()
 _cross_entropy_inplace_op = _cross_entropy.forward_
 
 
@@ -485,7 +486,11 @@ def cross_entropy(
             loss, _lse, bad = _cross_entropy_inplace_op(*args)
         else:
             needs_grad = torch.is_grad_enabled() and logits.requires_grad
-            loss, _lse, _grad, bad = _cross_entropy_op(*args, needs_grad)
+            if compiling:
+                loss, _lse, _grad, bad = _cross_entropy_op(*args, needs_grad)
+            else:
+                with _GRADIENTS_DROPPED:  # (see GradientsDropped: backward may reuse the gradient)
+                    loss, _lse, _grad, bad = _cross_entropy_op(*args, needs_grad)
         if gpu_check is not None:
             gpu_check.finish(
                 bad, _cross_entropy.target_message("cross_entropy", target, logits.shape[-1], ignore_index)
@@ -578,8 +583,11 @@ def linear_cross_entropy(
         )
         if direct_call_allowed():
             loss, bad = _linear_cross_entropy.direct(needs_grad, *args)
-        else:
+        elif compiling:
             loss, _gh, _gw, _gb, bad = _linear_cross_entropy_op(*args)
+        else:
+            with _GRADIENTS_DROPPED:
+                loss, _gh, _gw, _gb, bad = _linear_cross_entropy_op(*args)
         if gpu_check is not None:
             gpu_check.finish(
                 bad,

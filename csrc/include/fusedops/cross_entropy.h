@@ -294,9 +294,11 @@ void cross_entropy_backward_inplace(Tensor grad_output, Tensor grad_logits) {
 //     w_j x_j is absolute, so this path keeps the rounded-sum precision of the smoothing term
 //     for logits far from zero (docs/ops/cross_entropy.md).
 //   cross_entropy_slice_grad_: overwrites the logits with the gradient, given per row
-//     `coefs` (R, 4) = (lse, cp, ct, cw), the coefficients of the file's header (grad_output
-//     and the "mean" denominators already in them):
-//       g_j = (exp(x_j - lse) cp - [class_start + j == t] ct - [smoothing] cw w_j) softcap'(x_j)
+//     `coefs` (R, 4) = (base, scale, ct, cw), the coefficients of the file's header (grad_output
+//     and the "mean" denominators already in them) with exp(x_j - lse) cp written as
+//     exp(x_j - base) scale; linear_cross_entropy passes base = the row's max and scale = cp / its
+//     sum of exp(x - max), so that no rounded lse is subtracted:
+//       g_j = (exp(x_j - base) scale - [class_start + j == t] ct - [smoothing] cw w_j) softcap'(x_j)
 //     and zeros for ignored rows.
 // Math in float32 (float64 for float64 logits), as above; stats and coefs in that type.
 struct SliceProblem {

@@ -37,6 +37,7 @@ cross_entropy in float32, does) and in the logits' dtype outside it.
 """
 
 import math
+import threading
 
 import torch
 
@@ -244,12 +245,14 @@ def _backward_inplace_fake(grad_output, grad_logits):
 _keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
 
 
-def _may_scale_in_place(grad_output, grad):
-    """Whether this backward may scale the saved gradient where it is: an eager backward (real
-    tensors, grad mode off) that frees the graph after it, so nothing can read the saved
-    gradient again. Without the engine's query (older torch) it never does."""
+def _may_scale_in_place(grad_output, grad, private):
+    """Whether this backward may scale the saved gradient where it is: a gradient no caller holds
+    (`private`: the public functions drop the op's gradient outputs), in an eager backward (real
+    tensors, grad mode off) that frees the graph after it, so nothing can read it again. Without
+    the engine's query (older torch) it never does."""
     return (
-        _keep_graph is not None
+        private
+        and _keep_graph is not None
         and not torch.is_grad_enabled()
         and type(grad) is torch.Tensor
         and type(grad_output) is torch.Tensor
@@ -257,10 +260,37 @@ def _may_scale_in_place(grad_output, grad):
     )
 
 
-def scale(grad_output, grad):
+class _Calls(threading.local):
+    gradients_dropped = False
+
+
+_calls = _Calls()
+
+
+class GradientsDropped:
+    """Around an eager call of a registered op whose gradient outputs the caller drops (the
+    public functions, when they take the registered route): its backward may then scale the
+    saved gradient in place. A direct torch.ops caller holds those outputs, so its backward
+    writes a new tensor and leaves them as they were returned."""
+
+    def __enter__(self):
+        _calls.gradients_dropped = True
+
+    def __exit__(self, *exc):
+        _calls.gradients_dropped = False
+
+
+def gradients_dropped() -> bool:
+    """In a setup_context: whether the call was made inside GradientsDropped."""
+    return _calls.gradients_dropped
+
+
+def scale(grad_output, grad, token, private, public_name="fusedops.cross_entropy"):
     """grad_output times the forward's gradient `grad`: in place when nothing can read `grad`
-    again, else a new tensor."""
-    if _may_scale_in_place(grad_output, grad):
+    again, else a new tensor. `token`: the forward's graph_token, which ties a create_graph
+    result to the forward's inputs; None where the forward (a registered op's, whose outputs are
+    the schema's) has none, and a create_graph backward then raises at once."""
+    if _may_scale_in_place(grad_output, grad, private):
         with _direct.BelowAutograd():
             backward_(grad_output, grad)
         return grad
@@ -271,35 +301,34 @@ def scale(grad_output, grad):
         # Traced (torch.compile): the backward op's own autograd says double backward is not
         # supported if anything differentiates through it.
         return backward(grad_output, grad)
-    # Eager create_graph=True: the gradient depends on the logits (through the softmax), but
-    # nothing saved here carries their graph; the result is marked so that differentiating it
-    # raises.
-    return _Undifferentiable.apply(backward(grad_output, grad), _graph_anchor(grad.device))
+    # Eager create_graph=True: the gradient depends on the forward's inputs (through the
+    # softmax), whose graph nothing saved here carries but the token: the result hangs from it
+    # through a node whose backward raises, so that any gradient taken through the result, of
+    # whichever inputs, reaches that node and says so instead of leaving out the second-order
+    # term (a gradient of only some inputs skips nodes that lead to none of them).
+    if token is None:
+        raise _double_backward_error(public_name)
+    return _Undifferentiable.apply(backward(grad_output, grad), token, public_name)
+
+
+def _double_backward_error(public_name):
+    return NotImplementedError(
+        f"{public_name} does not support double backward (create_graph=True through its backward)"
+    )
 
 
 class _Undifferentiable(torch.autograd.Function):
-    """Identity on its first input; its backward raises (double backward is not supported)."""
+    """Identity on its first input, with the forward's graph_token as a second; its backward
+    raises (double backward is not supported)."""
 
     @staticmethod
-    def forward(ctx, t, _anchor):
+    def forward(ctx, t, _token, public_name):
+        ctx.public_name = public_name
         return t.view_as(t)
 
     @staticmethod
     def backward(ctx, *grads):
-        raise NotImplementedError(
-            "fusedops.cross_entropy does not support double backward (create_graph=True through its backward)"
-        )
-
-
-_anchors = {}
-
-
-def _graph_anchor(device):
-    """An empty leaf that requires grad: gives _Undifferentiable's output a grad_fn."""
-    anchor = _anchors.get(device)
-    if anchor is None:
-        anchor = _anchors[device] = torch.empty(0, device=device, requires_grad=True)
-    return anchor
+        raise _double_backward_error(ctx.public_name)
 
 
 def _refuse_weight_grad(weight, grad_mode=True):
@@ -337,6 +366,7 @@ def _setup_context(ctx, inputs, output):
     _refuse_weight_grad(weight, grad_mode=False)
     _loss, lse, grad, bad = output
     ctx.compute_grad = compute_grad
+    ctx.private = gradients_dropped()
     ctx.save_for_backward(grad)
     ctx.mark_non_differentiable(lse, grad, bad)
     ctx.set_materialize_grads(False)
@@ -354,7 +384,7 @@ def _backward(ctx, grad_loss, grad_lse, _grad_grad, _grad_bad):
             "compute_grad=True when the logits need one (fusedops.cross_entropy does)"
         )
     (grad,) = ctx.saved_tensors
-    return (scale(grad_loss, grad),) + (None,) * 8
+    return (scale(grad_loss, grad, None, ctx.private),) + (None,) * 8
 
 
 torch.library.register_autograd("fusedops::cross_entropy", _backward, setup_context=_setup_context)
@@ -364,6 +394,14 @@ _forward_entry = forward._op
 _forward_inplace_entry = forward_._op
 
 
+def graph_token(like):
+    """An empty tensor that an autograd Function returns beside its outputs and saves: its
+    grad_fn is the Function's node, so a create_graph backward can hang its result from the
+    forward's inputs (scale). Unlike the loss, no caller sees it, so nothing modifies it in
+    place and invalidates the saved copy."""
+    return like.new_empty(0)
+
+
 def _function_backward(ctx, grad_loss, grad_lse):
     """The backward of both autograd Functions below: the saved gradient, scaled."""
     _deferred.pending.raise_finished()
@@ -371,8 +409,8 @@ def _function_backward(ctx, grad_loss, grad_lse):
         raise _lse_grad_error()
     if grad_loss is None:
         return (None,) * 8
-    (grad,) = ctx.saved_tensors
-    return (scale(grad_loss, grad),) + (None,) * 7
+    grad, token = ctx.saved_tensors
+    return (scale(grad_loss, grad, token, True),) + (None,) * 7
 
 
 class _Function(torch.autograd.Function):
@@ -385,13 +423,14 @@ class _Function(torch.autograd.Function):
             loss, lse, grad, bad = _forward_entry(
                 logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, True
             )
-        ctx.save_for_backward(grad)
+        token = graph_token(loss)
+        ctx.save_for_backward(grad, token)
         ctx.mark_non_differentiable(lse, bad)
         ctx.set_materialize_grads(False)
-        return loss, lse, bad
+        return loss, lse, bad, token
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_lse, _grad_bad):
+    def backward(ctx, grad_loss, grad_lse, _grad_bad, _grad_token):
         return _function_backward(ctx, grad_loss, grad_lse)
 
 
@@ -408,13 +447,14 @@ class _InplaceFunction(torch.autograd.Function):
                 logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
             )
         torch.autograd.graph.increment_version(logits)
-        ctx.save_for_backward(logits)
+        token = graph_token(loss)
+        ctx.save_for_backward(logits, token)
         ctx.mark_non_differentiable(lse, bad)
         ctx.set_materialize_grads(False)
-        return loss, lse, bad
+        return loss, lse, bad, token
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_lse, _grad_bad):
+    def backward(ctx, grad_loss, grad_lse, _grad_bad, _grad_token):
         return _function_backward(ctx, grad_loss, grad_lse)
 
 
@@ -429,7 +469,7 @@ def direct(logits, target, weight=None, ignore_index=-100, reduction="mean", lab
     The gradient is computed (and its buffer allocated) only when the logits need one."""
     if torch.is_grad_enabled() and logits.requires_grad:
         _refuse_weight_grad(weight)
-        loss, _lse, bad = _apply_function(
+        loss, _lse, bad, _token = _apply_function(
             _unwrap(logits), target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
         )
         return loss, bad
@@ -445,7 +485,7 @@ def direct_inplace(logits, target, weight=None, ignore_index=-100, reduction="me
     """(loss, bad_target) of ``forward_(...)``: the gradient goes into the logits."""
     _refuse_weight_grad(weight)
     _refuse_user_leaf(logits, "fusedops.cross_entropy(inplace_grad=True)")
-    loss, _lse, bad = _apply_inplace(
+    loss, _lse, bad, _token = _apply_inplace(
         _unwrap(logits), target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
     )
     return loss, bad
@@ -460,7 +500,10 @@ def _inplace_autograd(logits, target, weight=None, ignore_index=-100, reduction=
     if torch.is_grad_enabled() and logits.requires_grad:
         _refuse_weight_grad(weight)
         _refuse_user_leaf(logits, "fusedops::cross_entropy_")
-        return _InplaceFunction.apply(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+        loss, lse, bad, _token = _InplaceFunction.apply(
+            logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
+        )
+        return loss, lse, bad
     with _direct.BelowAutograd():
         out = forward_(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
     torch.autograd.graph.increment_version(logits)

@@ -428,13 +428,19 @@ def _mm_to(out, a, b):
 
 def _finish_rows(stats, t, class_weight, V, ignore_index, reduction, eps, z, grad_output, acc):
     """From each row's (max, sum of exp, sum of w_j x_j, target's x): the loss and, per row, the
-    gradient's (lse, cp, ct, cw) with grad_output and the "mean" denominators folded in (the
-    formulas of csrc/include/fusedops/cross_entropy.h). Device arithmetic only."""
+    gradient's coefficients (base, scale, ct, cw), g_j = exp(x_j - base) * scale - ..., with
+    grad_output and the "mean" denominators folded in (the formulas of
+    csrc/include/fusedops/cross_entropy.h). As in the row kernels, nothing is taken from a
+    rounded lse: the loss uses lse - x_t = log(s) - (x_t - max), and the gradient base = max,
+    scale = cp / s (exp(x - lse) * cp, whose lse would be off by a unit in its last place,
+    0.008 at 1e5). Device arithmetic only."""
     m, s, wx, xt = stats.unbind(1)
     kept = t != ignore_index
     valid = (t >= 0) & (t < V)
     zero = torch.zeros((), dtype=acc, device=stats.device)
-    lse = torch.where(kept, m + torch.log(s), zero)
+    ls = torch.where(kept, torch.log(s), zero)
+    m = torch.where(kept, m, zero)
+    lse = m + ls
     if class_weight is None:
         wt = torch.ones_like(lse)
         W = float(V)
@@ -443,9 +449,9 @@ def _finish_rows(stats, t, class_weight, V, ignore_index, reduction, eps, z, gra
         wt = cw_acc[torch.where(valid, t, torch.zeros_like(t))]
         W = cw_acc.sum()
     wt = torch.where(kept, torch.where(valid, wt, torch.full_like(wt, float("nan"))), zero)
-    ce = (1.0 - eps) * wt * (lse - xt)
+    ce = (1.0 - eps) * wt * (ls - (xt - m))
     if eps > 0:  # (with -inf logits the smoothing term would be 0 * inf)
-        ce = ce + (eps / V) * (W * lse - wx)
+        ce = ce + (eps / V) * (W * ls + (W * m - wx))
     zl = z * lse * lse
     ce = torch.where(kept, ce, zero)
     zl = torch.where(kept, zl, zero)
@@ -459,7 +465,7 @@ def _finish_rows(stats, t, class_weight, V, ignore_index, reduction, eps, z, gra
     cp = ((1.0 - eps) * wt + (eps / V) * W) * sw + (2.0 * z) * lse * sn
     ct = (1.0 - eps) * wt * sw
     cw = ((eps / V) * sw).expand_as(lse)
-    coefs = torch.stack((lse, cp, ct, cw), 1)
+    coefs = torch.stack((m, torch.where(kept, cp / s, zero), ct, cw), 1)
     if grad_output is not None:
         go = grad_output.to(acc)
         coefs[:, 1:] *= go.reshape(-1, 1) if go.dim() > 0 else go
@@ -637,10 +643,12 @@ def _refuse_class_weight_grad(class_weight):
 
 
 def _setup_context(ctx, inputs, output):
-    _save(ctx, _all_inputs(inputs), output)
+    _save(ctx, _all_inputs(inputs), output, None, _ce.gradients_dropped())
 
 
-def _save(ctx, inputs, output):
+def _save(ctx, inputs, output, token, private):
+    """`token`: the direct Function's graph_token (None on the registered route); `private`:
+    whether no caller holds the gradient outputs, so that backward may scale them in place."""
     (hidden, weight, target, bias, class_weight, ignore_index, reduction, ls, z, cap, chunk_rows, low_memory,
      chunk_classes, compute_grad) = inputs
     _loss, gh, gw, gb, bad = output
@@ -648,10 +656,11 @@ def _save(ctx, inputs, output):
     ctx.options = (ignore_index, reduction, ls, z, cap, chunk_rows, low_memory, chunk_classes)
     ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
     ctx.has_bias = bias is not None
+    ctx.private = private
     if ctx.recompute:
         ctx.save_for_backward(hidden, weight, target, bias, class_weight)
     else:
-        ctx.save_for_backward(gh, gw, gb)
+        ctx.save_for_backward(gh, gw, gb, token)
     ctx.mark_non_differentiable(gh, gw, gb, bad)
     ctx.set_materialize_grads(False)
 
@@ -663,17 +672,18 @@ def _all_inputs(inputs):
     return tuple(inputs) + _DEFAULTS[len(inputs) - 3:]
 
 
-def _scale_to(grad_output, grad, dtype):
+def _scale(grad_output, grad, token, private):
+    return _ce.scale(grad_output, grad, token, private, "fusedops.linear_cross_entropy")
+
+
+def _scale_to(grad_output, grad, dtype, token, private):
     """grad_output * grad in `dtype`. On a GPU a float32 accumulator for a narrower parameter is
-    scaled and rounded in one pass (the kernel casts as it writes), unless the product itself
-    needs a graph (create_graph). On the CPU, where a multiply into a narrower `out` goes
-    through a float32 temporary of the accumulator's size, it is scaled in place and cast."""
-    if (
-        grad.dtype == dtype
-        or not grad.is_cuda
-        or (torch.is_grad_enabled() and grad_output.requires_grad)
-    ):
-        return _ce.scale(grad_output, grad).to(dtype)
+    scaled and rounded in one pass (the kernel casts as it writes), unless the backward builds a
+    graph (create_graph: the result must hang from the forward's, see cross_entropy.scale). On
+    the CPU, where a multiply into a narrower `out` goes through a float32 temporary of the
+    accumulator's size, it is scaled (in place where it may be) and cast."""
+    if grad.dtype == dtype or not grad.is_cuda or torch.is_grad_enabled():
+        return _scale(grad_output, grad, token, private).to(dtype)
     return torch.mul(grad, grad_output, out=torch.empty_like(grad, dtype=dtype))
 
 
@@ -682,7 +692,9 @@ def _backward(ctx, grad_loss, *_unused):
     n_inputs = 14
     if grad_loss is None:
         return (None,) * n_inputs
-    needs = ctx.needs_input_grad
+    # (padded: the dispatcher leaves out trailing arguments that equal their defaults, and
+    # needs_input_grad has one flag an argument passed)
+    needs = tuple(ctx.needs_input_grad) + (False,) * (n_inputs - len(ctx.needs_input_grad))
     if needs[4]:
         raise NotImplementedError(
             "fusedops.linear_cross_entropy: gradients with respect to class_weight are not supported; pass "
@@ -696,10 +708,10 @@ def _backward(ctx, grad_loss, *_unused):
         gw = gw.to(wdt) if needs[1] else None
         gb = gb.to(bdt) if ctx.has_bias and needs[3] else None
     else:
-        gh, gw, gb = ctx.saved_tensors
-        gh = _ce.scale(grad_loss, gh) if needs[0] else None
-        gw = _scale_to(grad_loss, gw, wdt) if needs[1] else None
-        gb = _scale_to(grad_loss, gb, bdt) if ctx.has_bias and needs[3] else None
+        gh, gw, gb, token = ctx.saved_tensors
+        gh = _scale(grad_loss, gh, token, ctx.private) if needs[0] else None
+        gw = _scale_to(grad_loss, gw, wdt, token, ctx.private) if needs[1] else None
+        gb = _scale_to(grad_loss, gb, bdt, token, ctx.private) if ctx.has_bias and needs[3] else None
     return (gh if needs[0] else None, gw, None, gb) + (None,) * (n_inputs - 4)
 
 
@@ -719,8 +731,9 @@ class _Function(torch.autograd.Function):
     def forward(ctx, *inputs):
         with _direct.BelowAutograd():
             output = _forward_entry(*inputs)
-        _save(ctx, inputs, output)
-        return output
+        token = _ce.graph_token(output[0])
+        _save(ctx, inputs, output, token, True)  # (the public function drops the gradient outputs)
+        return (*output, token)
 
     @staticmethod
     def backward(ctx, grad_loss, *_unused):
@@ -735,7 +748,7 @@ def direct(needs_grad, hidden, weight, target, bias, *options):
     """(loss, bad_target) of ``forward(hidden, weight, target, bias, *options)`` with autograd,
     where ``_direct.direct_call_allowed()``; ``needs_grad``: whether a gradient is recorded."""
     if needs_grad:
-        loss, _gh, _gw, _gb, bad = _apply_function(
+        loss, _gh, _gw, _gb, bad, _token = _apply_function(
             _unwrap(hidden), _unwrap(weight), target, None if bias is None else _unwrap(bias), *options
         )
     else:

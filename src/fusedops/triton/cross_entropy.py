@@ -297,11 +297,11 @@ def _slice_grad_kernel(x_ptr, target_ptr, weight_ptr, coefs_ptr, xs, S, class_st
         tl.store(x_row + c, tl.zeros([BLOCK], ACC).to(x_ptr.dtype.element_ty), mask=mask)
     else:
         k = coefs_ptr + 4 * row
-        lse = tl.load(k).to(ACC)
-        cp = tl.load(k + 1).to(ACC)
+        base = tl.load(k).to(ACC)
+        scale = tl.load(k + 1).to(ACC)
         ct = tl.load(k + 2).to(ACC)
         v = _softcapped(tl.load(x_row + c, mask=mask, other=0.0).to(ACC), cap, SOFTCAP)
-        d = tl.exp(v - lse) * cp
+        d = tl.exp(v - base) * scale
         if SMOOTH:
             cw = tl.load(k + 3).to(ACC)
             if HAS_WEIGHT:
@@ -458,6 +458,6 @@ def slice_stats(logits: Tensor, target: Tensor, weight: Optional[Tensor], class_
 
 def slice_grad(logits: Tensor, target: Tensor, weight: Optional[Tensor], class_start: int, ignore_index: int,
                softcap: Optional[float], smoothing: bool, coefs: Tensor) -> None:
-    """Overwrites the slice logits (R, S) with its gradient from each row's (lse, cp, ct, cw)."""
+    """Overwrites the slice logits (R, S) with its gradient from each row's (base, scale, ct, cw)."""
     _slice(_launch_slice_grad, logits, target, weight, class_start, ignore_index, softcap, smoothing, coefs,
            True)
