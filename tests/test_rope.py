@@ -312,8 +312,19 @@ def test_bad_layout_and_shapes():
     with pytest.raises(ValueError, match=r"fusedops.rope: k must be a 4-D \(batch, seq, heads, head_dim\) tensor for "
                                          r"layout 'bshd', got a 0-dimensional tensor"):
         fusedops.rope(q, torch.tensor(0.0), c, s, layout="bshd")
-    with pytest.raises(ValueError, match=r"fusedops.rope: position_ids must be a 1-D \(tokens,\) tensor for layout 'thd'"):
-        fusedops.rope(q[0], k[0], c[0], s[0], layout="thd", position_ids=torch.zeros(1, 4, dtype=torch.long))
+    # thd: the tables and positions are checked in the caller's terms (the op sees them unsqueezed)
+    qt, kt = torch.randn(4, 4, 8), torch.randn(4, 2, 8)  # 4 tokens
+    with pytest.raises(ValueError, match=r"fusedops.rope: position_ids must be a 1-D \(tokens,\) tensor of 4 for "
+                                         r"layout 'thd', got shape \[1, 4\]"):
+        fusedops.rope(qt, kt, c[0], s[0], layout="thd", position_ids=torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"fusedops.rope: cos must be \(tokens, rotary_dim\) for layout 'thd' with 4 "
+                                         r"tokens, got shape \[1, 5, 8\]"):
+        fusedops.rope(qt, kt, c, s, layout="thd")
+    with pytest.raises(ValueError, match=r"fusedops.rope: sin must be \(positions, rotary_dim\) tables for layout "
+                                         r"'thd', got shape \[1, 5, 8\]"):
+        fusedops.rope(qt, kt, c[0], s, layout="thd", position_ids=torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"fusedops.rope: k has 3 tokens and q 4: they must match for layout 'thd'"):
+        fusedops.rope(qt, kt[:3], c[0, :4], s[0, :4], layout="thd")
 
 
 @pytest.mark.parametrize("device", DEVICES)

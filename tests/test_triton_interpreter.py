@@ -111,6 +111,20 @@ def test_rms_norm_save_output_with_a_zero_scale(long_rows, monkeypatch):
     check_save_output_with_a_zero_scale(OP_MODULES["rms_norm"].TRITON_IMPLS["rms_norm_backward"], "cpu", 5, 24)
 
 
+def test_rope_empty_sliced_outputs_have_the_kernels_strides():
+    """An empty q/k sliced from a fused projection (a batch of 0): torch calls any empty tensor
+    contiguous, but the Triton path still gives it the CPU kernel's (and the fake kernel's)
+    dense strides, not the input's gapped ones."""
+    pytest.importorskip("triton")
+    kernels = OP_MODULES["rope"].TRITON_IMPLS
+    x = torch.randn(0, 3, 4, 8)  # (B, S, Hq + 2 Hk, D), Hq = 2, Hk = 1
+    q, k = x[:, :, :2].transpose(1, 2), x[:, :, 2:3].transpose(1, 2)
+    cos = sin = torch.randn(1, 3, 8)
+    got = kernels["rope"](q, k, cos, sin, None, False)
+    expected = torch.ops.fusedops.rope(q, k, cos, sin, None, False)
+    assert [t.stride() for t in got[:2]] == [t.stride() for t in expected[:2]]
+
+
 @pytest.mark.parametrize("info", NORMS)
 def test_norm_backward_takes_strided_statistics(info):
     """The backward ops take rstd (and mean) with any strides, as the CPU kernels do: here every

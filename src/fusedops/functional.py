@@ -279,14 +279,26 @@ def _rope_views(op, q, k, cos, sin, layout, position_ids):
                     f"{op}: {name} must be a 3-D (tokens, heads, head_dim) tensor for layout 'thd', got "
                     f"{_rope._dims_str(t)}"
                 )
-        if position_ids is not None:
-            if position_ids.dim() != 1:
+        # (checked here in the caller's terms: the op sees the unsqueezed views)
+        T = q.shape[0]
+        if k.shape[0] != T:
+            raise ValueError(f"{op}: k has {k.shape[0]} tokens and q {T}: they must match for layout 'thd'")
+        rows = "(tokens, rotary_dim)" if position_ids is None else "(positions, rotary_dim) tables"
+        for name, t in (("cos", cos), ("sin", sin)):
+            if t.dim() != 2 or (position_ids is None and t.shape[0] != T):
                 raise ValueError(
-                    f"{op}: position_ids must be a 1-D (tokens,) tensor for layout 'thd', got "
+                    f"{op}: {name} must be {rows} for layout 'thd'"
+                    + (f" with {T} tokens" if position_ids is None else "")
+                    + f", got {_rope._dims_str(t)}"
+                )
+        if position_ids is not None:
+            if position_ids.dim() != 1 or position_ids.shape[0] != T:
+                raise ValueError(
+                    f"{op}: position_ids must be a 1-D (tokens,) tensor of {T} for layout 'thd', got "
                     f"{_rope._dims_str(position_ids)}"
                 )
             position_ids = position_ids.unsqueeze(0)
-        else:  # per-token cos/sin rows (tokens, rotary_dim)
+        else:  # per-token cos/sin rows
             cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
         return q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2), cos, sin, position_ids
     raise ValueError(f"{op}: layout must be 'bhsd', 'bshd' or 'thd', got {layout!r}")

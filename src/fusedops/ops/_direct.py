@@ -62,7 +62,7 @@ def refuse_inference_tensor_update(op: str, **mutated) -> None:
     if _inference_mode_enabled():
         return
     for name, t in mutated.items():
-        if t.is_inference():
+        if isinstance(t, torch.Tensor) and t.is_inference():  # (not a tensor: the op's own error)
             raise RuntimeError(
                 f"fusedops.{op}: {name} is an inference tensor, which cannot be updated in place outside "
                 "torch.inference_mode() (as torch's in-place ops refuse); call it under inference_mode, or clone it"

@@ -437,8 +437,9 @@ for _key in ("AutocastCPU", "AutocastCUDA"):
 
 
 def _new_output(t):
-    """output_like(t) for a real tensor, without the stride analysis when t is contiguous."""
-    return torch.empty_like(t) if t.is_contiguous() else output_like(t)
+    """output_like(t) for a real tensor, without the stride analysis when t is contiguous (and
+    not empty: torch calls any empty tensor contiguous, whatever its strides)."""
+    return torch.empty_like(t) if t.is_contiguous() and t.numel() else output_like(t)
 
 
 def _new_bad_position(q, position_ids):
