@@ -419,7 +419,7 @@ def rope_(
 
 
 _cross_entropy_op = _cross_entropy.forward
-_GRADIENTS_DROPPED = _cross_entropy.GradientsDropped()
+_call_dropping_gradients = _cross_entropy.call_dropping_gradients
 _cross_entropy_inplace_op = _cross_entropy.forward_
 
 
@@ -498,11 +498,9 @@ def cross_entropy(
             loss, _lse, bad = _cross_entropy_inplace_op(*args)
         else:
             needs_grad = torch.is_grad_enabled() and logits.requires_grad
-            if compiling:
-                loss, _lse, _grad, bad = _cross_entropy_op(*args, needs_grad)
-            else:
-                with _GRADIENTS_DROPPED:  # (see GradientsDropped: backward may reuse the gradient)
-                    loss, _lse, _grad, bad = _cross_entropy_op(*args, needs_grad)
+            loss, _lse, _grad, bad = _call_dropping_gradients(
+                _cross_entropy_op, (*args, needs_grad), compiling
+            )
         if gpu_check is not None:
             gpu_check.finish(
                 bad, _cross_entropy.target_message("cross_entropy", target, logits.shape[-1], ignore_index)
@@ -595,11 +593,8 @@ def linear_cross_entropy(
         )
         if direct_call_allowed():
             loss, bad = _linear_cross_entropy.direct(needs_grad, *args)
-        elif compiling:
-            loss, _gh, _gw, _gb, bad = _linear_cross_entropy_op(*args)
         else:
-            with _GRADIENTS_DROPPED:
-                loss, _gh, _gw, _gb, bad = _linear_cross_entropy_op(*args)
+            loss, _gh, _gw, _gb, bad = _call_dropping_gradients(_linear_cross_entropy_op, args, compiling)
         if gpu_check is not None:
             gpu_check.finish(
                 bad,

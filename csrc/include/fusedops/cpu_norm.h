@@ -204,9 +204,9 @@ FUSEDOPS_CPU_INLINE void forward_rows_with(const ForwardArgs<T, W, R>& a, int64_
   const int64_t n = a.n;
   const W* w = a.w;
   const W* b = a.b;
+  static_assert(!(kAdd && kCentered), "a residual is add_rms_norm's alone");
   for (int64_t r = begin; r < end; ++r) {
     const X* xr;
-    static_assert(!(kAdd && kCentered), "a residual is add_rms_norm's alone");
     A sum_sq;  // of (x - mean)^2, or of x^2
     A mu = 0;
     if constexpr (kAdd) {

@@ -267,21 +267,23 @@ class _Calls(threading.local):
 _calls = _Calls()
 
 
-class GradientsDropped:
-    """Around an eager call of a registered op whose gradient outputs the caller drops (the
-    public functions, when they take the registered route): its backward may then scale the
-    saved gradient in place. A direct torch.ops caller holds those outputs, so its backward
-    writes a new tensor and leaves them as they were returned."""
-
-    def __enter__(self):
-        _calls.gradients_dropped = True
-
-    def __exit__(self, *exc):
+def call_dropping_gradients(op, args, compiling):
+    """op(*args) for a public function that drops the registered op's gradient outputs (on the
+    route it takes under autocast and torch.func): the op's backward may then scale the saved
+    gradient in place. A direct torch.ops caller holds those outputs, so its backward writes a
+    new tensor and leaves them as they were returned. (Traced, nothing is marked: the traced
+    backward never scales in place.)"""
+    if compiling:
+        return op(*args)
+    _calls.gradients_dropped = True
+    try:
+        return op(*args)
+    finally:
         _calls.gradients_dropped = False
 
 
 def gradients_dropped() -> bool:
-    """In a setup_context: whether the call was made inside GradientsDropped."""
+    """In a setup_context: whether the call came through call_dropping_gradients."""
     return _calls.gradients_dropped
 
 
