@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fusedops
 from fusedops.testing.rope import _rotation_tables, reference, rotate
@@ -93,6 +94,24 @@ def test_outputs_keep_dense_strides(device):
     q_out, _ = fusedops.rope(odd, k, c, s)
     assert q_out.permute(2, 0, 1, 3).is_contiguous()
     torch.testing.assert_close(q_out, reference(odd, k, c, s)[0])
+    # Broadcast (stride-0) dimensions keep their places, as in torch's elementwise results: an
+    # expanded batch or head dimension gives a contiguous output, whatever the layout, and the
+    # fake kernel agrees with the real one.
+    expanded_inputs = (
+        (torch.randn(1, 5, 4, 16, device=device).expand(2, 5, 4, 16), "bshd"),
+        (torch.randn(2, 1, 5, 16, device=device).expand(2, 4, 5, 16), "bhsd"),
+    )
+    for expanded, layout in expanded_inputs:
+        k_in = k.transpose(1, 2) if layout == "bshd" else k
+        q_out, _ = fusedops.rope(expanded, k_in, c, s, layout=layout)
+        assert q_out.stride() == torch.empty_like(expanded).stride(), layout
+        as_bhsd = expanded.transpose(1, 2) if layout == "bshd" else expanded
+        torch.testing.assert_close(q_out if layout == "bhsd" else q_out.transpose(1, 2),
+                                   reference(as_bhsd, k, c, s)[0])
+        real = torch.ops.fusedops.rope(as_bhsd, k, c, s)[0]
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = torch.ops.fusedops.rope(*(mode.from_tensor(a) for a in (as_bhsd, k, c, s)))[0]
+        assert fake.stride() == real.stride(), layout
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -85,8 +85,8 @@ inline bool is_narrow(ScalarType t) { return t == ScalarType::BFloat16 || t == S
 // The output for input `t`: `t`'s strides when it is dense with a unit-stride last dimension
 // (so a bshd or thd input's output has that layout again); else dense in `t`'s order of
 // dimensions, as torch's elementwise ops lay out theirs: the leading dimensions outermost first
-// by decreasing stride (size-1 ones outermost, ties in their logical order), the last one
-// innermost. A bshd view sliced from a fused QKV output thus gives a contiguous bshd output, which
+// by decreasing stride (size-1 and broadcast ones where they are, ties in their logical order),
+// the last one innermost. A bshd view sliced from a fused QKV output thus gives a contiguous bshd output, which
 // `view(B, S, H * D)` takes. ops/rope.py's fake kernels follow the same rule.
 inline bool keeps_strides(const Tensor& t) {
   return non_overlapping_and_dense(t) && (t.size(-1) <= 1 || t.stride(-1) == 1);
@@ -99,10 +99,18 @@ inline std::vector<int64_t> output_strides(const Tensor& t) {
     for (int64_t d = 0; d < n; ++d) strides[d] = t.stride(d);
     return strides;
   }
-  std::vector<int64_t> order(n - 1);  // the leading dimensions, outermost first
-  for (int64_t d = 0; d < n - 1; ++d) order[d] = d;
-  const auto key = [&](int64_t d) { return t.size(d) < 2 ? INT64_MAX : t.stride(d); };
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key(a) > key(b); });
+  // The leading dimensions, outermost first. Those with an order in memory (size 2 or more,
+  // stride not 0) go by decreasing stride (ties in logical order) into the places such
+  // dimensions hold; the others (size 1, or broadcast) keep theirs, as in torch's elementwise
+  // results, so that an expanded batch stays outermost.
+  std::vector<int64_t> order(n - 1), ranked;
+  for (int64_t d = 0; d < n - 1; ++d) {
+    order[d] = d;
+    if (t.size(d) >= 2 && t.stride(d) != 0) ranked.push_back(d);
+  }
+  const std::vector<int64_t> places = ranked;
+  std::stable_sort(ranked.begin(), ranked.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  for (size_t i = 0; i < ranked.size(); ++i) order[places[i]] = ranked[i];
   strides[n - 1] = 1;
   int64_t step = std::max<int64_t>(t.size(n - 1), 1);  // (c10's contiguous strides: sizes of 0 count as 1)
   for (auto d = order.rbegin(); d != order.rend(); ++d) {
@@ -133,6 +141,7 @@ inline Tensor unit_last(const Tensor& t) {
 }
 
 inline void check_qk(const char* op, const char* name, const Tensor& t) {
+  check_given(op, name, t);
   FUSEDOPS_CHECK(t.dim() == 4, op, ": ", name, " must be a 4-D (batch, heads, seq, head_dim) tensor, got ",
                  dims_str(t));
   FUSEDOPS_CHECK(is_float_dtype(t.scalar_type()), op, ": ", name,
@@ -148,6 +157,8 @@ inline Problem make_problem(const char* op, const char* qn, const char* kn, cons
   Problem p;
   p.interleaved = interleaved;
   p.backward = backward;
+  check_given(op, "cos", cos);
+  check_given(op, "sin", sin);
   if (q) check_qk(op, qn, *q);
   if (k) check_qk(op, kn, *k);
   const Tensor* ref = q ? &*q : k ? &*k : nullptr;

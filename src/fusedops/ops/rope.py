@@ -190,17 +190,18 @@ def _keeps_strides(shape, stride, t):
 
 def output_like(t):
     """csrc/include/fusedops/rope.h's rule: t's strides when dense with a unit-stride last
-    dimension, else dense in t's order of dimensions (the leading ones outermost first by
-    decreasing stride, size-1 ones outermost, ties in logical order; the last innermost)."""
+    dimension, else dense in t's order of dimensions: the leading ones with an order in memory
+    (size 2 or more, stride not 0) outermost first by decreasing stride (ties in logical order)
+    in the places such dimensions hold, the others (size 1, broadcast) where they are, the last
+    innermost."""
     shape, stride = t.shape, t.stride()
     if _keeps_strides(shape, stride, t):
         return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
-    small = [bool(n < 2) for n in shape]
+    order = list(range(len(shape)))
+    places = [d for d in order[:-1] if shape[d] >= 2 and stride[d] != 0]
     # (sorted keeps ties in their order under reverse=True too)
-    order = sorted(
-        range(len(shape) - 1), key=lambda d: (small[d], 0 if small[d] else stride[d]), reverse=True
-    )
-    order.append(len(shape) - 1)
+    for place, d in zip(places, sorted(places, key=lambda d: stride[d], reverse=True)):
+        order[place] = d
     out = torch.empty([shape[d] for d in order], dtype=t.dtype, device=t.device)
     return out.permute([order.index(d) for d in range(len(shape))])
 
