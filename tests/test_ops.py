@@ -94,6 +94,35 @@ def test_bad_inputs(info, device):
             op(*err.sample.args)
 
 
+def _required_tensors(op):
+    return [(i, a.name) for i, a in enumerate(op._schema.arguments) if a.type == torch._C.TensorType.get()]
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("info", OPS)
+def test_none_for_a_required_tensor(info, device):
+    """torch.ops hands None, passed for a required Tensor, to the kernels (C++: an undefined
+    tensor): each op names the argument, from the real kernels and the fake ones, forward,
+    backward and in-place variants. (With no other tensor argument the dispatcher itself refuses
+    the call, before any kernel: that case is not the op's.)"""
+    sample = next(iter(info.samples("cpu", torch.float32, requires_grad=False, edge=False)))
+    outputs = outputs_of(info.op(*sample.args))
+    calls = [(info.op, sample.args)]
+    calls += [(bwd, info.backward_args(sample, outputs, torch.randn_like(outputs[0]))) for bwd in info.backward_ops]
+    calls += [(variant, variant_args(sample)) for variant, variant_args in info.variant_ops]
+    checked = 0
+    for op, args in calls:
+        args = [a.detach().to(device) if isinstance(a, torch.Tensor) else a for a in args]
+        for i, name in _required_tensors(op):
+            others = [a for j, a in enumerate(args) if j != i and isinstance(a, torch.Tensor)]
+            if i >= len(args) or not others:
+                continue
+            with pytest.raises(ValueError, match=rf"^{op._schema.name.split('::')[1]}: {name} must be a Tensor, got None"):
+                op(*args[:i], None, *args[i + 1:])
+            checked += 1
+    assert checked > 0
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("info", OPS)
 def test_public_function_checks(info, device):

@@ -29,7 +29,17 @@ inline const char* dtype_name(ScalarType t) {
     case ScalarType::Bool: return "bool";
     case ScalarType::ComplexFloat: return "complex64";
     case ScalarType::ComplexDouble: return "complex128";
-    default: return "an unsupported dtype";
+    case ScalarType::ComplexHalf: return "complex32";
+    case ScalarType::UInt16: return "uint16";
+    case ScalarType::UInt32: return "uint32";
+    case ScalarType::UInt64: return "uint64";
+    case ScalarType::Float8_e5m2: return "float8_e5m2";
+    case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    case ScalarType::Float8_e5m2fnuz: return "float8_e5m2fnuz";
+    case ScalarType::Float8_e4m3fnuz: return "float8_e4m3fnuz";
+    case ScalarType::Float8_e8m0fnu: return "float8_e8m0fnu";
+    case ScalarType::Float4_e2m1fn_x2: return "float4_e2m1fn_x2";
+    default: return "an unsupported dtype";  // (quantized and sub-byte dtypes)
   }
 }
 
@@ -54,6 +64,12 @@ template <typename... Args>
   std::ostringstream s;
   (s << ... << args);
   throw std::invalid_argument(s.str());
+}
+
+// torch.ops hands a kernel None, passed for a required Tensor, as an undefined tensor, which
+// cannot even tell its dtype: name the argument before anything asks.
+inline void check_given(const char* op, const char* name, const Tensor& t) {
+  if (!t.defined()) fail(op, ": ", name, " must be a Tensor, got None");
 }
 
 #define FUSEDOPS_CHECK(cond, ...) \

@@ -95,6 +95,8 @@ inline Problem make_problem(const char* op, const Tensor& logits, const Tensor& 
                             const std::optional<Tensor>& weight, int64_t ignore_index, const std::string& reduction,
                             double label_smoothing, double z_loss, std::optional<double> softcap, bool compute_grad,
                             bool in_place) {
+  check_given(op, "logits", logits);
+  check_given(op, "target", target);
   FUSEDOPS_CHECK(logits.dim() >= 1, op,
                  ": logits must have at least 1 dimension (..., classes), got a 0-dimensional tensor");
   FUSEDOPS_CHECK(is_float_dtype(logits.scalar_type()), op,
@@ -227,6 +229,8 @@ struct ScaleProblem {
 
 inline ScaleProblem make_scale_problem(const char* op, const Tensor& grad_output, const Tensor& grad_logits,
                                        bool in_place) {
+  check_given(op, "grad_output", grad_output);
+  check_given(op, "grad_logits", grad_logits);
   FUSEDOPS_CHECK(grad_logits.dim() >= 1 && is_float_dtype(grad_logits.scalar_type()), op,
                  ": grad_logits must be a floating-point tensor of at least 1 dimension, got ",
                  grad_logits.dim() == 0 ? std::string("a 0-dimensional tensor")
@@ -318,6 +322,9 @@ inline SliceProblem make_slice_problem(const char* op, const Tensor& logits, con
                                        const std::optional<Tensor>& weight, int64_t class_start, int64_t ignore_index,
                                        std::optional<double> softcap, bool smoothing, const Tensor& state,
                                        const char* state_name, bool in_place) {
+  check_given(op, "logits", logits);
+  check_given(op, "target", target);
+  check_given(op, state_name, state);
   FUSEDOPS_CHECK(logits.dim() == 2, op, ": logits must be 2-D (rows, a slice of the classes), got shape ",
                  shape_str(logits));
   FUSEDOPS_CHECK(is_float_dtype(logits.scalar_type()), op,

@@ -65,6 +65,7 @@ inline Act parse_approximate(const char* op, const std::string& approximate) {
 }
 
 inline void check_input(const char* op, const Tensor& t, const char* name) {
+  check_given(op, name, t);
   FUSEDOPS_CHECK(t.dim() >= 1, op, ": ", name, " must have at least 1 dimension, got a 0-dimensional tensor");
   FUSEDOPS_CHECK(is_float_dtype(t.scalar_type()), op, ": ", name,
                  " dtype must be float32, bfloat16, float16 or float64, got ", dtype_name(t.scalar_type()));
@@ -143,6 +144,8 @@ inline int64_t leading_rows(const Tensor& t) {
 inline Problem unpacked_problem(const char* op, Act act, const Tensor& gate, const Tensor& up,
                                 const std::optional<Tensor>& grad) {
   check_input(op, gate, "gate");
+  check_given(op, "up", up);
+  if (grad) check_given(op, "grad_output", *grad);
   check_like(op, up, "up", gate, "gate", same_shape(up, gate), shape_str(gate));
   if (grad) check_like(op, *grad, "grad_output", gate, "gate", same_shape(*grad, gate), shape_str(gate));
   Problem p;
@@ -166,6 +169,7 @@ inline Problem packed_problem(const char* op, Act act, const Tensor& gate_up, co
   check_input(op, gate_up, "gate_up");
   check_packed_width(op, gate_up);
   if (grad) {
+    check_given(op, "grad_output", *grad);
     const std::vector<int64_t> out = half_sizes(gate_up);
     check_like(op, *grad, "grad_output", gate_up, "the output", sizes_of(*grad) == out, sizes_str(out));
   }

@@ -146,6 +146,7 @@ inline bool is_narrow(ScalarType t) { return t == ScalarType::BFloat16 || t == S
 
 // `name` is "input" (or "residual_out", the input of add_rms_norm's backward).
 inline void check_input(const char* op, const Tensor& input, const char* name = "input") {
+  check_given(op, name, input);
   FUSEDOPS_CHECK(input.dim() >= 1, op, ": ", name, " must have at least 1 dimension, got a 0-dimensional tensor");
   FUSEDOPS_CHECK(is_float_dtype(input.scalar_type()), op, ": ", name,
                  " dtype must be float32, bfloat16, float16 or float64, got ", dtype_name(input.scalar_type()));
@@ -154,6 +155,7 @@ inline void check_input(const char* op, const Tensor& input, const char* name = 
 // A tensor that goes with `input` element for element: same shape and device, and `dtype_ok`.
 inline void check_like_input(const char* op, const char* name, const Tensor& t, const char* input_name,
                              const Tensor& input, bool dtype_ok, const char* dtype_rule) {
+  check_given(op, name, t);
   FUSEDOPS_CHECK(shape_of(t) == shape_of(input), op, ": ", name, " shape ", shape_str(t), " does not match ",
                  input_name, " shape ", shape_str(input));
   FUSEDOPS_CHECK(dtype_ok, op, ": ", name, " dtype ", dtype_name(t.scalar_type()), " does not go with ",
@@ -224,6 +226,7 @@ inline AddProblem add_forward_problem(const char* op, const Tensor& input, const
                                       bool cast_before_weight) {
   AddProblem p;
   static_cast<Problem&>(p) = forward_problem(op, input, weight, std::nullopt, eps, offset, cast_before_weight);
+  check_given(op, "residual", residual);
   check_like_input(op, "residual", residual, "input", input,
                    residual_dtype_ok(residual.scalar_type(), input.scalar_type()), kResidualDtypeRule);
   p.residual = with_row_layout(residual, p.residual_rows);
@@ -311,6 +314,7 @@ inline void finish_in_place(Tensor residual, const ForwardOutputs& o) {
 // A saved statistic (`name`: "rstd" or "mean") as the forward op `forward_op` returned it.
 inline void check_stat(const char* op, const char* forward_op, const char* name, const Tensor& input,
                        const Tensor& stat) {
+  check_given(op, name, stat);
   const ScalarType acc = acc_dtype(input.scalar_type());
   FUSEDOPS_CHECK(shape_of(stat) == row_shape(input) && stat.scalar_type() == acc, op, ": ", name, " must be a ",
                  dtype_name(acc), " tensor of input's leading shape (as returned by ", forward_op, "), got ",
@@ -330,6 +334,7 @@ inline BackwardProblem backward_problem(const char* op, const char* forward_op, 
   check_input(op, input, saved_name);
   check_params(op, input, weight, bias);
   check_offset(op, offset, weight);
+  check_given(op, "grad_output", grad_output);
   check_like_input(op, "grad_output", grad_output, saved_name, input,
                    grad_output.scalar_type() == input.scalar_type(), "");
   if (mean) check_stat(op, forward_op, "mean", input, *mean);
@@ -354,6 +359,7 @@ inline BackwardProblem add_backward_problem(const char* op, const Tensor& grad_o
                                             const Tensor& residual_out, const std::optional<Tensor>& weight,
                                             const Tensor& rstd, double offset, bool weight_requires_grad) {
   check_input(op, residual_out, "residual_out");
+  check_given(op, "grad_output", grad_output);
   FUSEDOPS_CHECK(is_float_dtype(grad_output.scalar_type()), op,
                  ": grad_output dtype must be float32, bfloat16, float16 or float64, got ",
                  dtype_name(grad_output.scalar_type()));

@@ -24,6 +24,7 @@ template <class K>
 std::tuple<Tensor, Tensor> rms_norm_backward(Tensor grad_output, Tensor saved, std::optional<Tensor> weight,
                                              Tensor rstd, double offset, bool saved_is_output,
                                              bool weight_requires_grad) {
+  check_given("rms_norm_backward", "saved", saved);  // (the shared checks call it input or output)
   const BackwardProblem p = backward_problem("rms_norm_backward", "rms_norm", grad_output, saved, weight, std::nullopt,
                                              std::nullopt, rstd, weight_requires_grad, false, offset, saved_is_output);
   const BackwardOutputs o = backward_outputs(p);

@@ -16,7 +16,7 @@ inside autocast as outside (under autocast both come from autocast's matmuls, wh
 import torch
 
 from . import _direct
-from ._norm import FLOAT_DTYPES, _same_device, dtype_name, shape_str
+from ._norm import FLOAT_DTYPES, _same_device, check_given, dtype_name, shape_str
 
 APPROXIMATE = ("none", "tanh")
 
@@ -87,6 +87,7 @@ class GatedOp:
     def check_forward(self, *args):
         op = self.name
         tensors, approximate = self._split(args)
+        self._check_given(op, tensors)
         if self.gelu:
             check_approximate(op, approximate)
         if self.packed:
@@ -97,12 +98,17 @@ class GatedOp:
     def check_backward(self, grad_output, *args):
         op = self.name + "_backward"
         tensors, approximate = self._split(args)
+        check_given(op, grad_output=grad_output)
+        self._check_given(op, tensors)
         if self.gelu:
             check_approximate(op, approximate)
         if self.packed:
             check_packed(op, *tensors, grad_output=grad_output)
         else:
             check_unpacked(op, *tensors, grad_output=grad_output)
+
+    def _check_given(self, op, tensors):
+        check_given(op, **dict(zip(("gate_up",) if self.packed else ("gate", "up"), tensors)))
 
     def _split(self, args):
         """(the tensor arguments, approximate) of a forward's positional args."""

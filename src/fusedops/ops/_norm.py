@@ -28,7 +28,16 @@ def _same_device(a, b):
     return a.device == b.device
 
 
+def check_given(op, **tensors):
+    """torch.ops passes None, given for a required Tensor, on to the fake and Triton kernels (as
+    csrc/include/fusedops/checks.h's check_given receives an undefined tensor): name it."""
+    for name, t in tensors.items():
+        if t is None:
+            raise ValueError(f"{op}: {name} must be a Tensor, got None")
+
+
 def check_input(op, input, name="input"):
+    check_given(op, **{name: input})
     if input.dim() < 1:
         raise ValueError(f"{op}: {name} must have at least 1 dimension, got a 0-dimensional tensor")
     if input.dtype not in FLOAT_DTYPES:
@@ -181,6 +190,7 @@ def rows_may_overlap(t):
 
 def check_add_forward(op, input, residual, weight, eps, offset, in_place=False):
     check_forward(op, input, weight, None, eps, offset)
+    check_given(op, residual=residual)
     check_like_input(
         op, "residual", residual, "input", input, residual_dtype_ok(residual.dtype, input.dtype), RESIDUAL_DTYPE_RULE
     )
@@ -210,6 +220,7 @@ def check_stat(op, forward_op, name, input, stat):
 def check_backward(op, forward_op, grad_output, input, weight, bias, mean, rstd, offset=0.0, saved_is_output=False):
     """`input` is what the forward saved: its input or, with saved_is_output, its output."""
     saved_name = "output" if saved_is_output else "input"
+    check_given(op, grad_output=grad_output, rstd=rstd)
     check_input(op, input, saved_name)
     check_params(op, input, weight, bias)
     check_offset(op, offset, weight)
@@ -220,6 +231,7 @@ def check_backward(op, forward_op, grad_output, input, weight, bias, mean, rstd,
 
 
 def check_add_backward(op, grad_output, grad_residual_out, residual_out, weight, rstd, offset):
+    check_given(op, grad_output=grad_output, rstd=rstd)
     check_input(op, residual_out, "residual_out")
     if grad_output.dtype not in FLOAT_DTYPES:
         raise ValueError(

@@ -42,7 +42,7 @@ import threading
 import torch
 
 from . import _deferred, _direct
-from ._norm import FLOAT_DTYPES, _same_device, acc_dtype, dtype_name, may_overlap, shape_str
+from ._norm import FLOAT_DTYPES, _same_device, acc_dtype, check_given, dtype_name, may_overlap, shape_str
 
 forward = torch.ops.fusedops.cross_entropy.default
 forward_ = torch.ops.fusedops.cross_entropy_.default
@@ -92,6 +92,7 @@ def _check_weight_goes_with(op, weight, logits):
 
 def check(op, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, in_place=False):
     """The checks of csrc/include/fusedops/cross_entropy.h (make_problem), in the same words."""
+    check_given(op, logits=logits, target=target)
     if logits.dim() < 1:
         raise ValueError(f"{op}: logits must have at least 1 dimension (..., classes), got a 0-dimensional tensor")
     if logits.dtype not in FLOAT_DTYPES:
@@ -145,6 +146,7 @@ def check_forward(logits, target, weight=None, ignore_index=-100, reduction="mea
 
 
 def check_backward(grad_output, grad_logits, op="cross_entropy_backward"):
+    check_given(op, grad_output=grad_output, grad_logits=grad_logits)
     if grad_logits.dim() < 1 or grad_logits.dtype not in FLOAT_DTYPES:
         got = "a 0-dimensional tensor" if grad_logits.dim() == 0 else dtype_name(grad_logits.dtype)
         raise ValueError(f"{op}: grad_logits must be a floating-point tensor of at least 1 dimension, got {got}")
@@ -498,8 +500,9 @@ _lib = torch.library.Library("fusedops", "IMPL")
 
 def _inplace_autograd(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
                       z_loss=0.0, softcap=None):
-    # The Autograd kernel of the in-place form: the same Function as the public function's.
-    if torch.is_grad_enabled() and logits.requires_grad:
+    # The Autograd kernel of the in-place form: the same Function as the public function's. (A
+    # None logits goes on to the kernels' error.)
+    if torch.is_grad_enabled() and logits is not None and logits.requires_grad:
         _refuse_weight_grad(weight)
         _refuse_user_leaf(logits, "fusedops::cross_entropy_")
         loss, lse, bad, _token = _InplaceFunction.apply(
@@ -528,6 +531,7 @@ _lib.impl("cross_entropy_backward_", _backward_inplace_autograd, "Autograd")
 
 def check_slice(op, logits, target, weight, class_start, softcap, state, state_name, in_place):
     """The checks of cross_entropy.h's make_slice_problem, in the same words."""
+    check_given(op, logits=logits, target=target, **{state_name: state})
     if logits.dim() != 2:
         raise ValueError(
             f"{op}: logits must be 2-D (rows, a slice of the classes), got shape {shape_str(logits)}"

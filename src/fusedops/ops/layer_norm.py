@@ -31,6 +31,7 @@ def check_forward(input, weight, bias, eps):
 
 
 def check_backward(grad_output, input, weight, bias, mean, rstd):
+    _norm.check_given("layer_norm_backward", mean=mean)  # (optional to the shared check: rms_norm has none)
     _norm.check_backward("layer_norm_backward", "layer_norm", grad_output, input, weight, bias, mean, rstd)
 
 

@@ -73,7 +73,7 @@ import torch
 
 from . import _deferred, _direct
 from . import cross_entropy as _ce
-from ._norm import FLOAT_DTYPES, NARROW, _same_device, acc_dtype, dtype_name, shape_str
+from ._norm import FLOAT_DTYPES, NARROW, _same_device, acc_dtype, check_given, dtype_name, shape_str
 
 forward = torch.ops.fusedops.linear_cross_entropy.default
 backward = torch.ops.fusedops.linear_cross_entropy_backward.default
@@ -94,6 +94,7 @@ def _dev(t):
 
 def check(op, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
           chunk_rows, low_memory=False, chunk_classes=None):
+    check_given(op, hidden=hidden, weight=weight, target=target)
     if hidden.dim() < 1:
         raise ValueError(f"{op}: hidden must have at least 1 dimension (..., hidden_size), got a 0-dimensional tensor")
     if hidden.dtype not in FLOAT_DTYPES:
@@ -157,6 +158,7 @@ def check(op, hidden, weight, target, bias, class_weight, ignore_index, reductio
 
 def check_backward(grad_output, hidden, target, reduction):
     op = "linear_cross_entropy_backward"
+    check_given(op, grad_output=grad_output)
     if not grad_output.dtype.is_floating_point:
         raise ValueError(f"{op}: grad_output dtype must be floating point, got {dtype_name(grad_output.dtype)}")
     if not _same_device(grad_output, hidden):

@@ -37,6 +37,7 @@ def check_forward(input, weight, eps, offset=0.0):
 
 
 def check_backward(grad_output, saved, weight, rstd, offset, saved_is_output):
+    _norm.check_given("rms_norm_backward", saved=saved)
     _norm.check_backward(
         "rms_norm_backward", "rms_norm", grad_output, saved, weight, None, None, rstd, offset, saved_is_output
     )

@@ -74,6 +74,7 @@ def cos_dtype_ok(x_dtype, cos_dtype):
 def check(op, qn, kn, q, k, cos, sin, position_ids):
     """The checks of csrc/include/fusedops/rope.h (make_problem), in the same words. `q` or `k`
     may be None (a backward's absent gradient). Each tensor's metadata is read once."""
+    _norm.check_given(op, cos=cos, sin=sin)
     qs = _check_qk(op, qn, q) if q is not None else None
     ks = _check_qk(op, kn, k) if k is not None else None
     ref, refn, rs = (q, qn, qs) if q is not None else (k, kn, ks)
@@ -141,6 +142,7 @@ def check(op, qn, kn, q, k, cos, sin, position_ids):
 
 
 def check_forward(q, k, cos, sin, position_ids=None, op="rope"):
+    _norm.check_given(op, q=q, k=k)
     check(op, "q", "k", q, k, cos, sin, position_ids)
     if op == "rope_":
         for name, t in (("q", q), ("k", k)):

@@ -59,6 +59,10 @@ def error_samples(device):
 
     yield bad((torch.randn((), device=device), None, 1e-6), r"rms_norm: input must have at least 1 dimension", "0-d")
     yield bad((x.to(torch.int32), None, 1e-6), r"rms_norm: input dtype must be .* got int32", "int input")
+    for dtype in (torch.uint16, torch.float8_e4m3fn):  # (named in C++ too, not only the common ones)
+        name = str(dtype).removeprefix("torch.")
+        yield bad((torch.empty(2, 8, device=device, dtype=dtype), None, 1e-6),
+                  rf"rms_norm: input dtype must be .* got {name}", f"{name} input")
     yield bad((x, torch.randn(7, device=device), 1e-6), r"rms_norm: weight must be a 1-D tensor of size 8 .* got shape \[7\]", "weight size")
     yield bad((x, torch.randn(2, 8, device=device), 1e-6), r"weight must be a 1-D tensor of size 8 .* got shape \[2, 8\]", "weight 2-D")
     yield bad((x, torch.randn(8, device=device, dtype=torch.float64), 1e-6),

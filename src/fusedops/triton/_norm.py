@@ -613,7 +613,7 @@ def _bwd_row_stats_kernel(
             acc += g * x
         else:
             if HAS_W:
-                g = g * _load_weight(W, c, m, offset, offset_lo, W_OFFSET, SAVED_IS_OUTPUT, ACC)
+                g = g * _load_weight(W, c, m, offset, offset_lo, W_OFFSET, False, ACC)
             if CENTERED:
                 # Padding lanes have g = 0, so x - mean needs no masking.
                 acc += g * (x - mean)
