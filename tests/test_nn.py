@@ -87,3 +87,6 @@ def test_rms_norm_default_eps(dtype, device):
         torch.float64 if dtype == torch.float64 else torch.float32).eps).to(dtype)
     torch.testing.assert_close(mine(x), expected)
     torch.testing.assert_close(mine(x), ref(x))
+    # AddRMSNorm takes eps=None the same way (of input + residual, here input + 0).
+    add = fusedops.nn.AddRMSNorm(64, eps=None, device=device, dtype=dtype)
+    torch.testing.assert_close(add(x, torch.zeros_like(x))[0], expected)

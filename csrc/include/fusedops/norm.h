@@ -164,26 +164,27 @@ inline void check_like_input(const char* op, const char* name, const Tensor& t, 
                  device_str(input));
 }
 
-// An affine parameter (`name` is "weight" or "bias"): (n,), in the dtype `like` (the input, or
-// the output for add_rms_norm's backward) or float32 with a 16-bit `like`, on its device.
-inline void check_param(const char* op, const char* name, const Tensor& like, const std::optional<Tensor>& param) {
+// An affine parameter (`name` is "weight" or "bias"): (n,), in the dtype of `like` (the input,
+// or what stands for it in a backward: `like_name`) or float32 with a 16-bit `like`, on its device.
+inline void check_param(const char* op, const char* name, const Tensor& like, const std::optional<Tensor>& param,
+                        const char* like_name) {
   if (!param.has_value()) return;
   const Tensor& w = *param;
   const int64_t n = like.size(-1);
-  FUSEDOPS_CHECK(w.dim() == 1 && w.size(0) == n, op, ": ", name, " must be a 1-D tensor of size ", n,
-                 " (the size of input's last dimension), got shape ", shape_str(w));
+  FUSEDOPS_CHECK(w.dim() == 1 && w.size(0) == n, op, ": ", name, " must be a 1-D tensor of size ", n, " (the size of ",
+                 like_name, "'s last dimension), got shape ", shape_str(w));
   const ScalarType xt = like.scalar_type(), wt = w.scalar_type();
   FUSEDOPS_CHECK(wt == xt || (is_narrow(xt) && wt == ScalarType::Float), op, ": ", name, " dtype ", dtype_name(wt),
-                 " does not go with input dtype ", dtype_name(xt),
-                 ": use the input's dtype, or float32 with bfloat16/float16 input");
-  FUSEDOPS_CHECK(same_device(w, like), op, ": ", name, " is on ", device_str(w), " but input is on ",
+                 " does not go with ", like_name, " dtype ", dtype_name(xt), ": use the ", like_name,
+                 "'s dtype, or float32 with bfloat16/float16 ", like_name);
+  FUSEDOPS_CHECK(same_device(w, like), op, ": ", name, " is on ", device_str(w), " but ", like_name, " is on ",
                  device_str(like));
 }
 
 inline void check_params(const char* op, const Tensor& like, const std::optional<Tensor>& weight,
-                         const std::optional<Tensor>& bias) {
-  check_param(op, "weight", like, weight);
-  check_param(op, "bias", like, bias);
+                         const std::optional<Tensor>& bias, const char* like_name = "input") {
+  check_param(op, "weight", like, weight, like_name);
+  check_param(op, "bias", like, bias, like_name);
   if (weight && bias)
     FUSEDOPS_CHECK(weight->scalar_type() == bias->scalar_type(), op, ": bias dtype ",
                    dtype_name(bias->scalar_type()), " does not match weight dtype ",
@@ -260,34 +261,9 @@ inline ForwardOutputs forward_outputs(const Problem& p, bool centered) {
   return o;
 }
 
-// Whether rows laid out by `rows`, each of n contiguous elements, may share memory (an expanded
-// view, say). Sorted by stride, each dimension must step over everything inside it; a layout
-// that fails this without overlapping is possible but exotic, and is refused too.
-inline bool rows_may_overlap(const RowLayout& rows, int64_t n) {
-  int order[RowLayout::kMaxDims] = {};
-  for (int d = 0; d < rows.ndim; ++d) {  // insertion sort by stride
-    int i = d;
-    for (; i > 0 && rows.strides[order[i - 1]] > rows.strides[d]; --i) order[i] = order[i - 1];
-    order[i] = d;
-  }
-  int64_t extent = n;
-  for (int i = 0; i < rows.ndim; ++i) {
-    const int d = order[i];
-    if (rows.strides[d] < extent) return true;
-    extent += rows.strides[d] * (rows.sizes[d] - 1);
-  }
-  return false;
-}
-
 // The outputs of add_rms_norm: with `in_place`, residual_out is `residual` itself (which the
 // caller copies back into the user's tensor with finish_in_place when p.residual is a copy).
 inline ForwardOutputs add_forward_outputs(const AddProblem& p, bool in_place, const char* op) {
-  if (in_place)
-    // Rows sharing memory would be written by several threads at once (torch's in-place ops
-    // refuse such tensors too).
-    FUSEDOPS_CHECK(p.empty() || !rows_may_overlap(p.residual_rows, p.n), op,
-                   ": residual has rows that share memory (an expanded tensor?), so it cannot be written in place; "
-                   "pass a contiguous residual");
   if (in_place)
     // Elements written before another row reads them as input. (The same tensor as both is
     // fine: each element is read before it is written, by the thread that writes it.)
@@ -332,7 +308,7 @@ inline BackwardProblem backward_problem(const char* op, const char* forward_op, 
                                         double offset = 0, bool saved_is_output = false) {
   const char* saved_name = saved_is_output ? "output" : "input";
   check_input(op, input, saved_name);
-  check_params(op, input, weight, bias);
+  check_params(op, input, weight, bias, saved_name);
   check_offset(op, offset, weight);
   check_given(op, "grad_output", grad_output);
   check_like_input(op, "grad_output", grad_output, saved_name, input,
@@ -369,7 +345,7 @@ inline BackwardProblem add_backward_problem(const char* op, const Tensor& grad_o
   if (grad_residual_out)
     check_like_input(op, "grad_residual_out", *grad_residual_out, "residual_out", residual_out,
                      grad_residual_out->scalar_type() == residual_out.scalar_type(), "");
-  check_params(op, grad_output, weight, std::nullopt);
+  check_params(op, grad_output, weight, std::nullopt, "grad_output");
   check_offset(op, offset, weight);
   check_stat(op, "add_rms_norm", "rstd", residual_out, rstd);
   BackwardProblem p;

@@ -45,6 +45,11 @@ template <class K>
 std::tuple<Tensor, Tensor> add_rms_norm_inplace(Tensor input, Tensor residual, std::optional<Tensor> weight,
                                                 double eps, double offset, bool cast_before_weight) {
   const AddProblem p = add_forward_problem("add_rms_norm_", input, residual, weight, eps, offset, cast_before_weight);
+  // Elements sharing memory would be written by several threads at once (torch's in-place ops
+  // refuse such tensors too). The caller's residual, not p.residual: that may be a copy.
+  FUSEDOPS_CHECK(residual.numel() == 0 || !may_overlap(residual),
+                 "add_rms_norm_: residual has rows that share memory (an expanded tensor?), so it cannot be written "
+                 "in place; pass a contiguous residual");
   const ForwardOutputs o = add_forward_outputs(p, true, "add_rms_norm_");
   K::add_forward(p, o, "add_rms_norm_");
   finish_in_place(residual, o);

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from ..functional import add_rms_norm, add_rms_norm_
+from .rms_norm import _default_eps
 
 
 class AddRMSNorm(torch.nn.Module):
@@ -14,7 +15,8 @@ class AddRMSNorm(torch.nn.Module):
     of an :class:`RMSNorm` over the last dimension (``weight``), so a model's norm weights load
     as they are.
 
-    ``offset`` and ``cast_before_weight`` are as for :class:`fusedops.nn.RMSNorm`. With
+    ``eps=None`` means the machine epsilon of the computation type, as for
+    :class:`fusedops.nn.RMSNorm`; ``offset`` and ``cast_before_weight`` are as there too. With
     ``inplace=True`` and no gradient wanted, the sum is written into ``residual`` (and returned
     as residual_out) instead of a new tensor: the inference form, :func:`fusedops.add_rms_norm_`.
     """
@@ -24,7 +26,7 @@ class AddRMSNorm(torch.nn.Module):
     def __init__(
         self,
         hidden_size: int,
-        eps: float = 1e-6,
+        eps: Optional[float] = 1e-6,
         elementwise_affine: bool = True,
         device=None,
         dtype=None,
@@ -51,7 +53,8 @@ class AddRMSNorm(torch.nn.Module):
             torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, input: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
-        args = (input, residual, self.weight, self.eps, self.offset, self.cast_before_weight)
+        eps = _default_eps(input.dtype) if self.eps is None else self.eps
+        args = (input, residual, self.weight, eps, self.offset, self.cast_before_weight)
         if self.inplace and not (torch.is_grad_enabled() and self._wants_grad(input, residual)):
             return add_rms_norm_(*args), residual
         return add_rms_norm(*args)

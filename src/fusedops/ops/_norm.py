@@ -64,27 +64,28 @@ def param_dtype_ok(input_dtype, dtype):
     return dtype == input_dtype or (input_dtype in NARROW and dtype == torch.float32)
 
 
-def check_param(op, name, input, param):
+def check_param(op, name, input, param, input_name="input"):
+    """`input_name`: what stands for the input in a backward (norm.h's like_name)."""
     if param is None:
         return
     n = input.shape[-1]
     if param.dim() != 1 or param.shape[0] != n:
         raise ValueError(
-            f"{op}: {name} must be a 1-D tensor of size {n} (the size of input's last dimension), "
+            f"{op}: {name} must be a 1-D tensor of size {n} (the size of {input_name}'s last dimension), "
             f"got shape {shape_str(param)}"
         )
     if not param_dtype_ok(input.dtype, param.dtype):
         raise ValueError(
-            f"{op}: {name} dtype {dtype_name(param.dtype)} does not go with input dtype {dtype_name(input.dtype)}: "
-            "use the input's dtype, or float32 with bfloat16/float16 input"
+            f"{op}: {name} dtype {dtype_name(param.dtype)} does not go with {input_name} dtype "
+            f"{dtype_name(input.dtype)}: use the {input_name}'s dtype, or float32 with bfloat16/float16 {input_name}"
         )
     if not _same_device(param, input):
-        raise ValueError(f"{op}: {name} is on {param.device} but input is on {input.device}")
+        raise ValueError(f"{op}: {name} is on {param.device} but {input_name} is on {input.device}")
 
 
-def check_params(op, input, weight, bias=None):
-    check_param(op, "weight", input, weight)
-    check_param(op, "bias", input, bias)
+def check_params(op, input, weight, bias=None, input_name="input"):
+    check_param(op, "weight", input, weight, input_name)
+    check_param(op, "bias", input, bias, input_name)
     if weight is not None and bias is not None and weight.dtype != bias.dtype:
         raise ValueError(
             f"{op}: bias dtype {dtype_name(bias.dtype)} does not match weight dtype {dtype_name(weight.dtype)}"
@@ -177,24 +178,13 @@ def _has_addresses(t):
     return type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta"
 
 
-def rows_may_overlap(t):
-    """Whether rows of `t` (the last dimension contiguous) may share memory: sorted by stride,
-    each leading dimension must step over everything inside it (norm.h's rule)."""
-    extent = t.shape[-1]
-    for size, stride in sorted(((s, st) for s, st in zip(t.shape[:-1], t.stride()[:-1]) if s > 1), key=lambda d: d[1]):
-        if stride < extent:
-            return True
-        extent += stride * (size - 1)
-    return False
-
-
 def check_add_forward(op, input, residual, weight, eps, offset, in_place=False):
     check_forward(op, input, weight, None, eps, offset)
     check_given(op, residual=residual)
     check_like_input(
         op, "residual", residual, "input", input, residual_dtype_ok(residual.dtype, input.dtype), RESIDUAL_DTYPE_RULE
     )
-    if in_place and residual.numel() > 0 and rows_may_overlap(residual):
+    if in_place and residual.numel() > 0 and may_overlap(residual):
         raise ValueError(
             f"{op}: residual has rows that share memory (an expanded tensor?), so it cannot be written in place; "
             "pass a contiguous residual"
@@ -222,7 +212,7 @@ def check_backward(op, forward_op, grad_output, input, weight, bias, mean, rstd,
     saved_name = "output" if saved_is_output else "input"
     check_given(op, grad_output=grad_output, rstd=rstd)
     check_input(op, input, saved_name)
-    check_params(op, input, weight, bias)
+    check_params(op, input, weight, bias, saved_name)
     check_offset(op, offset, weight)
     check_like_input(op, "grad_output", grad_output, saved_name, input, grad_output.dtype == input.dtype)
     if mean is not None:
@@ -247,7 +237,7 @@ def check_add_backward(op, grad_output, grad_residual_out, residual_out, weight,
             op, "grad_residual_out", grad_residual_out, "residual_out", residual_out,
             grad_residual_out.dtype == residual_out.dtype,
         )
-    check_params(op, grad_output, weight)
+    check_params(op, grad_output, weight, input_name="grad_output")
     check_offset(op, offset, weight)
     check_stat(op, "add_rms_norm", "rstd", residual_out, rstd)
 

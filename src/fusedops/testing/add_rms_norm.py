@@ -84,6 +84,11 @@ def error_samples(device):
     yield bad((x, torch.randn(1, 8, device=device).expand(4, 8), w8, 1e-6),
               r"add_rms_norm_: residual has rows that share memory \(an expanded tensor\?\), so it cannot be written in "
               r"place", "in-place expanded residual", op=_op.forward_)
+    # Broadcast along the row: the kernels work on a copy, but the copy back cannot be made.
+    for residual, input in ((torch.randn(4, 1, device=device).expand(4, 8), x),
+                            (torch.randn(1, device=device).expand(8), x[0])):
+        yield bad((input, residual, w8, 1e-6), r"add_rms_norm_: residual has rows that share memory",
+                  f"in-place residual broadcast along its rows {list(residual.stride())}", op=_op.forward_)
     if device != "meta":  # (a fake tensor has no address: the fake kernel cannot tell these apart)
         buf = torch.randn(5, 8, device=device)
         yield bad((buf[:-1], buf[1:], w8, 1e-6),
@@ -105,7 +110,8 @@ def error_samples(device):
          r"add_rms_norm_backward: grad_residual_out dtype float64 does not go with residual_out dtype float32",
          "bwd grad_residual_out dtype"),
         ((x.bfloat16(), None, x, w8.double(), rstd, 0.0, True),
-         r"add_rms_norm_backward: weight dtype float64 does not go with input dtype bfloat16", "bwd weight dtype"),
+         r"add_rms_norm_backward: weight dtype float64 does not go with grad_output dtype bfloat16: use the "
+         r"grad_output's dtype", "bwd weight dtype"),
         ((x, None, x, None, torch.ones(5, device=device), 0.0, False),
          r"add_rms_norm_backward: rstd must be a float32 tensor of input's leading shape \(as returned by add_rms_norm\)",
          "bwd rstd shape"),
