@@ -70,6 +70,25 @@ def test_nan_propagates(unpacked, packed, mode, act, device):
     assert torch.isfinite(y[0, [0, 3]]).all(), y
 
 
+def test_cpu_sigmoid_keeps_its_subnormal_tail():
+    """The CPU kernels' sigmoid of a gate in [-88.7, -87.3] is a subnormal float32, not 0, as
+    torch's: a huge `up` (1e38) scales it back to an ordinary value, as in float64. (The CPU exp
+    overflowed from 88.4, where e^88.7 is still finite.) CPU only: the GPU kernels flush
+    subnormal sigmoids to 0 (docs/ops/swiglu.md, Math)."""
+    g64 = torch.linspace(-88.7, -86.0, 2701, dtype=torch.float64)
+    g = g64.float().requires_grad_()
+    u = torch.full_like(g, 1e38, requires_grad=True)
+    y = fusedops.swiglu(g, u)
+    ref_g, ref_u = g.detach().double().requires_grad_(), u.detach().double().requires_grad_()
+    ref = activation(ref_g, "silu") * ref_u
+    torch.testing.assert_close(y.double(), ref.detach(), atol=0, rtol=2e-5)
+    dg, du = torch.autograd.grad(y, (g, u), torch.ones_like(y))
+    ref_dg, ref_du = torch.autograd.grad(ref, (ref_g, ref_u), torch.ones_like(ref))
+    torch.testing.assert_close(dg.double(), ref_dg, atol=0, rtol=2e-5)
+    torch.testing.assert_close(du.double(), ref_du, atol=0, rtol=2e-5)
+    assert (fusedops.swiglu(g.detach(), torch.full_like(u, math.inf)) == -math.inf).all()
+
+
 # ---- nn.SwiGLUMLP -------------------------------------------------------------------------------
 
 

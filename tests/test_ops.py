@@ -10,6 +10,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import fusedops
+
 from fusedops.testing import OP_TESTS, check_against_reference, grads_for, outputs_of
 from conftest import device_params
 
@@ -150,6 +152,25 @@ def test_public_function_names_a_non_tensor(info):
             info.public(*args)
         with torch.no_grad(), pytest.raises(TypeError, match=message):
             info.public(*args)
+
+
+@pytest.mark.parametrize("info", OPS)
+def test_public_function_names_a_mistyped_option(info):
+    """None for a str or float option of the public function raises TypeError naming it, where
+    the schema's own cast would say only which type it expected. (The sample's leading arguments
+    fill the function's required parameters; each option goes by keyword.)"""
+    function = getattr(fusedops, info.name)
+    params = inspect.signature(function).parameters
+    required = [p for p in params.values() if p.default is inspect.Parameter.empty]
+    sample = next(iter(info.samples("cpu", torch.float32, requires_grad=False)))
+    args = sample.args[: len(required)]
+    function(*args)  # (the call is good as it is)
+    options = [name for name, p in params.items() if p.annotation in (str, float)]
+    assert options or info.name in ("swiglu", "swiglu_packed")  # (they have none)
+    for name in options:
+        expected = params[name].annotation.__name__
+        with pytest.raises(TypeError, match=rf"fusedops.{info.name}: {name} must be a {expected}, got NoneType"):
+            function(*args, **{name: None})
 
 
 @pytest.mark.parametrize("device", DEVICES)

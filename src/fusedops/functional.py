@@ -4,6 +4,7 @@ Each function is a thin call into the registered op (torch.ops.fusedops.<op>), s
 autocast, torch.compile and the fake kernels all come from the op's registration. In eager mode
 outside autocast the call skips the dispatcher's round trip through Python (ops/_direct.py)."""
 
+import numbers
 from typing import Optional, Tuple, Union
 
 import torch
@@ -30,20 +31,33 @@ def _autocast_enabled(device_type: str) -> bool:
         return False
 
 
-def _name_the_non_tensor(function, arguments):
+def _name_the_mistyped_argument(function, arguments):
     """On the way out of a public function that failed: raises a TypeError naming the first
-    argument annotated as a tensor that is not one (None where the annotation allows it), as
-    torch's own functions do, in place of whatever the call first tripped on (a missing
-    attribute, the schema's cast). Otherwise the caller re-raises its own error. (A failed call
-    pays for this, a good one nothing.)"""
+    argument of the wrong type for its annotation (a tensor that is not one, None where the
+    annotation does not allow it, a str or float option of another type), as torch's own
+    functions do, in place of whatever the call first tripped on (a missing attribute, the
+    schema's cast). Otherwise the caller re-raises its own error. (A failed call pays for this, a
+    good one nothing.)"""
     for name, hint in function.__annotations__.items():
-        if name == "return" or hint not in (Tensor, Optional[Tensor]):
+        if name == "return":
             continue
         value = arguments.get(name)
-        if not isinstance(value, Tensor) and not (value is None and hint == Optional[Tensor]):
+        if hint in (Tensor, Optional[Tensor]):
+            expected = "Tensor"
+            wrong = not isinstance(value, Tensor) and not (value is None and hint == Optional[Tensor])
+        elif hint in _SCALAR_TYPES:
+            expected = hint.__name__
+            wrong = not isinstance(value, _SCALAR_TYPES[hint])
+        else:
+            continue
+        if wrong:
             raise TypeError(
-                f"fusedops.{function.__name__}: {name} must be a Tensor, got {type(value).__name__}"
+                f"fusedops.{function.__name__}: {name} must be a {expected}, got {type(value).__name__}"
             ) from None
+
+
+# What the schemas take for each scalar annotation (numbers.Real: int, float, numpy's floats).
+_SCALAR_TYPES = {str: str, float: numbers.Real}
 
 _rms_norm_op = _rms_norm.forward
 _add_rms_norm_op = _add_rms_norm.forward
@@ -88,7 +102,7 @@ def rms_norm(
             return _rms_norm.direct(input, weight, eps, offset, cast_before_weight, save_output)
         return _rms_norm_op(input, weight, eps, offset, cast_before_weight, save_output)[0]
     except Exception:  # (re-raised below)
-        _name_the_non_tensor(rms_norm, locals())
+        _name_the_mistyped_argument(rms_norm, locals())
         raise
 
 
@@ -124,7 +138,7 @@ def add_rms_norm(
         )
         return output, residual_out
     except Exception:  # (re-raised below)
-        _name_the_non_tensor(add_rms_norm, locals())
+        _name_the_mistyped_argument(add_rms_norm, locals())
         raise
 
 
@@ -143,7 +157,7 @@ def add_rms_norm_(
             return _add_rms_norm.direct_inplace(input, residual, weight, eps, offset, cast_before_weight)
         return _add_rms_norm_inplace_op(input, residual, weight, eps, offset, cast_before_weight)[0]
     except Exception:  # (re-raised below)
-        _name_the_non_tensor(add_rms_norm_, locals())
+        _name_the_mistyped_argument(add_rms_norm_, locals())
         raise
 
 
@@ -172,7 +186,7 @@ def layer_norm(
             return _layer_norm.direct(input, weight, bias, eps)
         return _layer_norm_op(input, weight, bias, eps)[0]
     except Exception:  # (re-raised below)
-        _name_the_non_tensor(layer_norm, locals())
+        _name_the_mistyped_argument(layer_norm, locals())
         raise
 
 
@@ -196,7 +210,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
             return _swiglu.direct(gate, up)
         return _swiglu.forward(gate, up)
     except Exception:  # (re-raised below)
-        _name_the_non_tensor(swiglu, locals())
+        _name_the_mistyped_argument(swiglu, locals())
         raise
 
 
@@ -221,7 +235,7 @@ def geglu(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
             return _geglu.direct(gate, up, approximate)
         return _geglu.forward(gate, up, approximate)
     except Exception:  # (re-raised below)
-        _name_the_non_tensor(geglu, locals())
+        _name_the_mistyped_argument(geglu, locals())
         raise
 
 
@@ -235,7 +249,7 @@ def swiglu_packed(gate_up: Tensor) -> Tensor:
             return _swiglu_packed.direct(gate_up)
         return _swiglu_packed.forward(gate_up)
     except Exception:  # (re-raised below)
-        _name_the_non_tensor(swiglu_packed, locals())
+        _name_the_mistyped_argument(swiglu_packed, locals())
         raise
 
 
@@ -247,7 +261,7 @@ def geglu_packed(gate_up: Tensor, approximate: str = "none") -> Tensor:
             return _geglu_packed.direct(gate_up, approximate)
         return _geglu_packed.forward(gate_up, approximate)
     except Exception:  # (re-raised below)
-        _name_the_non_tensor(geglu_packed, locals())
+        _name_the_mistyped_argument(geglu_packed, locals())
         raise
 
 
@@ -383,7 +397,7 @@ def rope(
             gpu_check.finish(bad, _rope.position_message("rope", pos, cos4.shape[0]))
         return _rope_back(q_out, layout), _rope_back(k_out, layout)
     except Exception:  # (re-raised below)
-        _name_the_non_tensor(rope, locals())
+        _name_the_mistyped_argument(rope, locals())
         raise
 
 
@@ -414,7 +428,7 @@ def rope_(
             gpu_check.finish(bad, _rope.position_message("rope_", pos, cos4.shape[0]))
         return q, k
     except Exception:  # (re-raised below)
-        _name_the_non_tensor(rope_, locals())
+        _name_the_mistyped_argument(rope_, locals())
         raise
 
 
@@ -509,7 +523,7 @@ def cross_entropy(
             loss = loss.to(logits.dtype)
         return loss
     except Exception:  # (re-raised below)
-        _name_the_non_tensor(cross_entropy, locals())
+        _name_the_mistyped_argument(cross_entropy, locals())
         raise
 
 
@@ -604,5 +618,5 @@ def linear_cross_entropy(
             loss = loss.to(hidden.dtype)  # as cross_entropy on the logits, which are in hidden's dtype
         return loss
     except Exception:  # (re-raised below)
-        _name_the_non_tensor(linear_cross_entropy, locals())
+        _name_the_mistyped_argument(linear_cross_entropy, locals())
         raise

@@ -49,33 +49,37 @@ FUSEDOPS_CPU_INLINE int32_t float_to_bits(float f) {
 // instructions this way.
 FUSEDOPS_CPU_INLINE float fma_f32(float a, float b, float c) { return std::fma(a, b, c); }
 
-// e^x within about 1.2 ulp for x in [-87, 88]. Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2
-// (ln2 split in two so that k ln2 is exact), e^r by its degree-7 Taylor polynomial (truncation
-// below 0.1 ulp), times 2^k built in the exponent bits. k is rounded with the 1.5 * 2^23 trick,
-// which gives its integer value in the low mantissa bits without a float-to-int conversion.
-// Below -88 the result is 0 and from about 88.4 it is +inf (2^128): it only ever feeds a
-// sigmoid or a Gaussian, where either is exact to well below an ulp of the result. NaN stays NaN.
+// e^x within about 1.2 ulp for x in [-86.9, 88.7], 0 below -87 and +inf above 88.72 (where e^x
+// passes float32's largest number), NaN for NaN. Cody-Waite reduction x = k ln2 + r,
+// |r| <= ln2/2 (ln2 split in two so that k ln2 is exact), 2 e^r by the degree-7 Taylor
+// polynomial of e^r with its coefficients doubled (exactly; truncation below 0.1 ulp), times
+// 2^(k-1) built in the exponent bits: so k = 128 (x from 88.38) is still a finite 2^127, and the
+// last rounding decides between a finite result and inf, as a libm exp does, where 2^k would be
+// inf. k = -126 builds 0, which the clamp below -87 gives. k is rounded with the 1.5 * 2^23
+// trick, which gives its integer value in the low mantissa bits without a float-to-int
+// conversion. The result feeds sigmoids, Gaussians and softmax terms, where 0 for e^x < 1.7e-38
+// is exact to well below an ulp of what they compute.
 FUSEDOPS_CPU_INLINE float exp_f32(float x) {
   // Clamps as selects of values, written so that a NaN x passes through. (std::min/max return
   // references: a select between two addresses and a load, which only AVX-512's masked loads
   // vectorise; the AVX2 and baseline clones were left scalar.)
   x = x > 88.8f ? 88.8f : x;
-  x = x < -88.0f ? -88.0f : x;
+  x = x < -87.0f ? -87.0f : x;
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
   const float t = fma_f32(x, 1.44269504088896341f, kMagic);
   const float k = t - kMagic;
   const int32_t ki = float_to_bits(t) - float_to_bits(kMagic);
   float r = fma_f32(-k, 0.693145751953125f, x);  // ln2's high part: k * it is exact for |k| <= 128
   r = fma_f32(-k, 1.42860682030941723212e-6f, r);
-  float p = 1.0f / 5040.0f;
-  p = fma_f32(p, r, 1.0f / 720.0f);
-  p = fma_f32(p, r, 1.0f / 120.0f);
-  p = fma_f32(p, r, 1.0f / 24.0f);
-  p = fma_f32(p, r, 1.0f / 6.0f);
-  p = fma_f32(p, r, 0.5f);
+  float p = 2.0f / 5040.0f;  // 2 e^r
+  p = fma_f32(p, r, 2.0f / 720.0f);
+  p = fma_f32(p, r, 2.0f / 120.0f);
+  p = fma_f32(p, r, 2.0f / 24.0f);
+  p = fma_f32(p, r, 2.0f / 6.0f);
   p = fma_f32(p, r, 1.0f);
-  p = fma_f32(p, r, 1.0f);
-  return p * bits_to_float((ki + 127) << 23);  // k = -127 gives 0
+  p = fma_f32(p, r, 2.0f);
+  p = fma_f32(p, r, 2.0f);
+  return p * bits_to_float((ki + 126) << 23);  // 2^(k-1); k = -126 gives 0
 }
 
 // erf(x) within about 3 ulp (1.9e-7 absolute). |x| <= 1: x * P(x^2), degree 6 in x^2; above:
