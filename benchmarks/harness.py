@@ -212,6 +212,13 @@ def _selected(provider: Provider, label: str, filters: Optional[Sequence[str]]) 
     return False
 
 
+def _probe(provider: Provider, device: str) -> Probe:
+    try:
+        return provider.probe(device)
+    except Exception as exc:  # a probe must never take the run down
+        return Probe(provider.key, False, f"probe failed: {describe_exception(exc)}")
+
+
 def select_providers(entry: OpEntry, settings: Settings) -> list:
     """[(provider, probe)] of the providers this run covers, probed on the device."""
     chosen = []
@@ -220,13 +227,54 @@ def select_providers(entry: OpEntry, settings: Settings) -> list:
             continue
         if not _maybe_selected(provider, settings.providers):
             continue
-        try:
-            probe = provider.probe(settings.device)
-        except Exception as exc:  # a probe must never take the run down
-            probe = Probe(provider.key, False, f"probe failed: {describe_exception(exc)}")
+        probe = _probe(provider, settings.device)
         if _selected(provider, probe.label, settings.providers):
             chosen.append((provider, probe))
     return chosen
+
+
+@dataclass
+class Plan:
+    """What a run of ``settings`` over some entries would do, found out before anything runs."""
+
+    rows: int  # result rows it would produce: one per (case, selected provider, mode)
+    unmatched_providers: list  # --providers items that select no provider of any entry
+    unmatched_modes: list  # --modes items that no selected provider of any entry runs
+    offered: list  # keys and labels of the entries' providers (the skipped roles left out)
+
+
+def plan_run(entries: Sequence[OpEntry], settings: Settings) -> Plan:
+    """Which rows a run would produce and which filter items select nothing, so that a filter
+    that matches nothing is reported before any result is written (run.py), rather than
+    leaving an empty table in place of the results there."""
+    filters = settings.providers
+    rows = 0
+    matched_filters, matched_modes, offered = set(), set(), []
+    for entry in entries:
+        cases = select_cases(entry, settings.device, settings.shapes)
+        modes = [m for m in entry.modes if m in settings.modes]
+        for provider in entry.providers:
+            if provider.role in settings.skip_roles:
+                continue
+            if provider.key not in offered:
+                offered.append(provider.key)
+            if not _maybe_selected(provider, filters):
+                continue  # (not probed: unwanted providers are never imported)
+            label = _probe(provider, settings.device).label
+            if label not in offered:
+                offered.append(label)
+            if not _selected(provider, label, filters):
+                continue
+            matched_filters.update(f for f in filters or () if _selected(provider, label, [f]))
+            provider_modes = [m for m in modes if m in provider.modes]
+            matched_modes.update(provider_modes)
+            rows += len(cases) * len(provider_modes)
+    return Plan(
+        rows=rows,
+        unmatched_providers=[f for f in filters or () if f not in matched_filters],
+        unmatched_modes=[m for m in settings.modes if m not in matched_modes],
+        offered=offered,
+    )
 
 
 def select_cases(entry: OpEntry, device: str, shapes: str) -> list:
@@ -771,19 +819,36 @@ def read_runs(path: Path) -> list:
         return json.load(fh).get("runs", [])
 
 
-def save_results(out_dir: Path, rows: list, run: dict, append: bool) -> Path:
+def save_results(out_dir: Path, rows: list, run: dict, append: bool) -> Optional[Path]:
     """Write results.csv and meta.json; with append, merge into what is there.
 
     Merging replaces rows with the same (op, device, mode, shape, dtype,
     provider) and keeps the rest, so runs of different fusedops backends (or
-    of a subset of providers) accumulate into one table.
+    of a subset of providers) accumulate into one table.  A run without rows
+    writes nothing (returns None): an empty run must never replace results.
     """
+    if not rows:
+        return None
     return _write_merged(out_dir, rows, [run], append)
+
+
+def check_results_dir(src_dir: Path) -> Optional[str]:
+    """Why ``src_dir`` cannot be merged (no such directory, no results.csv, no rows), or None."""
+    if not src_dir.is_dir():
+        return f"{src_dir} is not a directory"
+    if not (src_dir / "results.csv").is_file():
+        return f"{src_dir} has no results.csv"
+    if not read_rows(src_dir / "results.csv"):
+        return f"{src_dir / 'results.csv'} has no rows"
+    return None
 
 
 def merge_results(out_dir: Path, src_dir: Path) -> Path:
     """Merge the results.csv and meta.json of another results directory (a run made elsewhere,
     say on the GPU machine) into ``out_dir``, with save_results' append rule."""
+    problem = check_results_dir(src_dir)
+    if problem:
+        raise ValueError(f"cannot merge: {problem}")
     return _write_merged(out_dir, read_rows(src_dir / "results.csv"), read_runs(src_dir / "meta.json"), True)
 
 

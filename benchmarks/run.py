@@ -45,7 +45,7 @@ def parse_args(argv=None):
                         help="default: cuda if available, else cpu")
     parser.add_argument("--ops", type=_csv_list, default=None,
                         help="comma-separated op names (default: every entry in benchmarks/ops)")
-    parser.add_argument("--modes", type=_csv_list, default=list(harness.MODES),
+    parser.add_argument("--modes", type=_csv_list, default=None,
                         help="comma-separated subset of fwd,bwd,fwd+bwd (default: all)")
     parser.add_argument("--providers", type=_csv_list, default=None,
                         help="comma-separated provider filter: a key (eager, torch.compile, liger, quack, "
@@ -69,16 +69,27 @@ def parse_args(argv=None):
     parser.add_argument("--no-plot", action="store_true", help="do not write the PNG plots")
     parser.add_argument("--merge", type=Path, action="append", default=[], metavar="DIR",
                         help="merge the results in DIR (results.csv, meta.json of a run made elsewhere) "
-                             "into --out, as --append would, then rewrite the reports; repeatable")
+                             "into --out (required), as --append would, then rewrite the reports; repeatable")
     parser.add_argument("--report-only", action="store_true",
                         help="only rewrite results.md / plots / summary from the CSV in --out")
     parser.add_argument("--list", action="store_true",
                         help="list ops, cases and provider availability on the device, then exit")
     parser.add_argument("--no-summary", action="store_true", help=argparse.SUPPRESS)
+    # Set for the per-backend children of --fusedops-backends: their filter is the parent's, and a
+    # fusedops label it names may belong to another child's backend, so selecting nothing is fine.
+    parser.add_argument("--allow-empty", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    # Whether --modes was given: only a mode asked for by name must select something.
+    args.modes_given = args.modes is not None
+    if args.modes is None:
+        args.modes = list(harness.MODES)
     bad = [m for m in args.modes if m not in harness.MODES]
     if bad:
         parser.error(f"unknown mode(s) {bad}; choose from {','.join(harness.MODES)}")
+    if args.merge and args.out is None:
+        # Merged rows come from another machine: the directory named after this one is never right.
+        parser.error("--merge needs --out DIR, the results directory to merge into "
+                     "(e.g. --merge gpu-out/bench --out benchmarks/results/h200)")
     return args
 
 
@@ -96,7 +107,7 @@ def command_line() -> str:
 
 def _child_argv(args, device, out_dir, providers):
     argv = ["--device", device, "--modes", ",".join(args.modes), "--shapes", args.shapes,
-            "--out", str(out_dir), "--seed", str(args.seed), "--append", "--no-summary",
+            "--out", str(out_dir), "--seed", str(args.seed), "--append", "--no-summary", "--allow-empty",
             "--providers", ",".join(providers)]
     if args.ops:
         argv += ["--ops", ",".join(args.ops)]
@@ -119,6 +130,35 @@ def _subject_filter(args, entries):
                    for p in subjects)]
 
 
+def _selection_error(args, device, entries, plan, forwarded) -> str:
+    """Why the filters select nothing to run (a message naming the filter), or ""."""
+    ops = ",".join(entries)
+    # Items handed to the --fusedops-backends children are theirs to match: the labels there
+    # depend on the child's backend.
+    unmatched = [f for f in plan.unmatched_providers if f not in forwarded]
+    if unmatched:
+        return (f"--providers {','.join(unmatched)} matches no provider of {ops} on {device} "
+                f"(there: {', '.join(plan.offered)}; a key, a label or a glob)")
+    if args.modes_given and not forwarded and plan.unmatched_modes:
+        return (f"--modes {','.join(plan.unmatched_modes)}: no selected provider of {ops} runs "
+                f"{'that mode' if len(plan.unmatched_modes) == 1 else 'those modes'}"
+                + (f" (--providers {','.join(args.providers)})" if args.providers else ""))
+    if plan.rows == 0 and not forwarded:
+        return (f"nothing to run: --ops {ops} --shapes {args.shapes} --modes {','.join(args.modes)}"
+                + (f" --providers {','.join(args.providers)}" if args.providers else "")
+                + f" select no case, provider and mode on {device}")
+    return ""
+
+
+def _results_dir(args, device):
+    """--out, or the directory named after this machine; None when that cannot be named."""
+    if args.out is not None:
+        return args.out.resolve()
+    if device == "cuda" and not torch.cuda.is_available():
+        return None  # (the name is the GPU's model, and there is no GPU to ask)
+    return (harness.RESULTS_DIR / harness.machine_name(device)).resolve()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
@@ -139,7 +179,11 @@ def main(argv=None) -> int:
     else:
         entries = all_entries
 
-    out_dir = (args.out or harness.RESULTS_DIR / harness.machine_name(device)).resolve()
+    out_dir = _results_dir(args, device)
+    if out_dir is None:
+        print("error: --device cuda without a GPU here: pass --out DIR, the results directory "
+              "(e.g. --out benchmarks/results/h200); its default is named after the GPU", file=sys.stderr)
+        return 2
 
     if args.list:
         settings = harness.Settings(device=device, providers=args.providers)
@@ -154,6 +198,12 @@ def main(argv=None) -> int:
                 print(f"  provider {probe.label}{version}: {state}{extra}")
         return 0
 
+    # Every source is checked before the first is merged, so a bad one changes nothing.
+    for src in args.merge:
+        problem = harness.check_results_dir(src.resolve())
+        if problem:
+            print(f"error: --merge {src}: {problem}", file=sys.stderr)
+            return 2
     for src in args.merge:
         harness.merge_results(out_dir, src.resolve())
     if not args.report_only and not args.merge:
@@ -166,6 +216,13 @@ def main(argv=None) -> int:
             seed=args.seed,
             skip_roles=("subject",) if args.fusedops_backends else (),
         )
+        forwarded = _subject_filter(args, entries) if args.fusedops_backends else []
+        if not args.allow_empty:
+            plan = harness.plan_run(list(entries.values()), settings)
+            problem = _selection_error(args, device, entries, plan, forwarded)
+            if problem:
+                print(f"error: {problem}; nothing run, {out_dir} left as it was", file=sys.stderr)
+                return 2
         run = harness.collect_run_info(device, command_line(), args.quick)
         print(f"fusedops benchmarks: {run['device_name']} [{device}], torch {run['torch']}, "
               f"{run['threads']} threads, out={out_dir}", flush=True)
@@ -175,24 +232,34 @@ def main(argv=None) -> int:
         rows = []
         for entry in entries.values():
             rows.extend(harness.run_entry(entry, settings, run))
-        harness.save_results(out_dir, rows, run, append=args.append)
+        if rows:
+            harness.save_results(out_dir, rows, run, append=args.append)
+        elif args.allow_empty:
+            print(f"no result rows from this process; {out_dir} left as it was", flush=True)
+            return 0
+        elif forwarded:
+            print("no peer rows from this process; the fusedops rows come from the backends' runs",
+                  flush=True)
+        else:
+            # (an empty run would otherwise replace the results in --out with a bare header)
+            print(f"error: the run produced no result rows; nothing written, {out_dir} left as it was",
+                  file=sys.stderr)
+            return 1
 
-        if args.fusedops_backends:
-            providers = _subject_filter(args, entries)
-            if providers:
-                for backend in args.fusedops_backends:
-                    env = dict(os.environ)
-                    env.pop("FUSEDOPS_BACKEND", None)
-                    if backend != "default":
-                        env["FUSEDOPS_BACKEND"] = backend
-                    child = [sys.executable, "-m", "benchmarks.run",
-                             *_child_argv(args, device, out_dir, providers)]
-                    print(f"\n--- fusedops with FUSEDOPS_BACKEND={env.get('FUSEDOPS_BACKEND', '(unset)')}: "
-                          f"{' '.join(shlex.quote(c) for c in child)}", flush=True)
-                    done = subprocess.run(child, cwd=harness.REPO_ROOT, env=env)
-                    if done.returncode != 0:
-                        print(f"warning: the FUSEDOPS_BACKEND={backend} run exited with "
-                              f"{done.returncode}", flush=True)
+        if forwarded:
+            for backend in args.fusedops_backends:
+                env = dict(os.environ)
+                env.pop("FUSEDOPS_BACKEND", None)
+                if backend != "default":
+                    env["FUSEDOPS_BACKEND"] = backend
+                child = [sys.executable, "-m", "benchmarks.run",
+                         *_child_argv(args, device, out_dir, forwarded)]
+                print(f"\n--- fusedops with FUSEDOPS_BACKEND={env.get('FUSEDOPS_BACKEND', '(unset)')}: "
+                      f"{' '.join(shlex.quote(c) for c in child)}", flush=True)
+                done = subprocess.run(child, cwd=harness.REPO_ROOT, env=env)
+                if done.returncode != 0:
+                    print(f"warning: the FUSEDOPS_BACKEND={backend} run exited with "
+                          f"{done.returncode}", flush=True)
 
     if not (out_dir / "results.csv").exists():
         print(f"error: no results.csv in {out_dir}", file=sys.stderr)

@@ -21,12 +21,20 @@ def _print_build():
     print(f"fusedops {fusedops.__version__}")
     print(f"  python {platform.python_version()} on {platform.machine()}, torch {torch.__version__}"
           f" (CUDA {torch.version.cuda or 'none'})")
+    # (build records written before the compiler's path was recorded have no cxx_compiler_path)
+    compiler_path = info.get("cxx_compiler_path")
+    compiler = info["cxx_compiler"] + (f" ({compiler_path})" if compiler_path else "")
     print(f"  built against torch {info['torch']} (stable ABI target {info['torch_target']}), "
-          f"{info['build_type']}, {info['cxx_compiler']}")
+          f"{info['build_type']}, {compiler}")
     if info["cuda_built"]:
-        print(f"  CUDA kernels: CUDA {info['torch_cuda']} (nvcc {info['cuda_compiler']}), archs {info['cuda_archs']}")
-    else:
+        # (a wheel built with the CUDA kernels also installs beside a CPU torch, which never loads them)
+        unused = "" if torch.version.cuda else "; unused here: this torch has no CUDA"
+        print(f"  CUDA kernels: CUDA {info['torch_cuda']} (nvcc {info['cuda_compiler']}), "
+              f"archs {info['cuda_archs']}{unused}")
+    elif torch.version.cuda:
         print("  CUDA kernels: not built (CUDA tensors use the Triton kernels)")
+    else:
+        print("  CUDA kernels: not built; this torch has no CUDA, so only the CPU kernels apply")
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         print(f"  GPU: {p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, "
@@ -71,7 +79,8 @@ def _time_call(fn):
 def _benchmark():
     """A glance, not a measurement: benchmarks/ has the harness and the peers."""
     print("\nquick benchmark (forward, median; full comparisons: benchmarks/run.py)")
-    print(f"  {'op':<13} {'device':<6} {'shape':<14} {'dtype':<9} {'fusedops':>10} {'eager':>10}  GB/s")
+    width = max(len(info.name) for info in OP_TESTS)
+    print(f"  {'op':<{width}} {'device':<6} {'shape':<16} {'dtype':<9} {'fusedops':>10} {'eager':>10}  GB/s")
     shapes = {"cpu": (2048, 4096), "cuda": (32768, 4096)}
     for device in _devices():
         rows, n = shapes[device]
@@ -87,7 +96,11 @@ def _benchmark():
                 # (the minimum bytes: every tensor argument read once, every output written once)
                 moved = sum(t.nbytes for t in args if isinstance(t, torch.Tensor)) + sum(o.nbytes for o in outputs)
                 gbs = moved / t_ours / 1e9
-                print(f"  {info.name:<13} {device:<6} {f'{rows}x{n}':<14} {str(dtype)[6:]:<9} "
+                # The first tensor argument's own shape: an op's sample may build it around (rows, n)
+                # (rope's q is (1, heads, rows, n)).
+                first = next(t for t in args if isinstance(t, torch.Tensor))
+                shape = "x".join(str(d) for d in first.shape)
+                print(f"  {info.name:<{width}} {device:<6} {shape:<16} {str(dtype)[6:]:<9} "
                       f"{t_ours * 1e3:>8.3f}ms {t_eager * 1e3:>8.3f}ms  {gbs:.0f}")
 
 

@@ -14,6 +14,9 @@ import torch
 
 TORCH_TARGET = (2, 10)
 BACKENDS = ("auto", "cuda", "triton")
+# One item of a TORCH_CUDA_ARCH_LIST ("9.0", "9.0a", "9.0+PTX"): the forms setup.py accepts
+# (its ARCH_ITEM, the same pattern) and records in the build record's cuda_archs.
+ARCH_ITEM = re.compile(r"(\d+)\.(\d+)(a?)(\+PTX)?")
 
 # What serves CUDA tensors once load() has run: "cuda", "triton", or None without CUDA torch.
 cuda_backend = None
@@ -46,7 +49,7 @@ def archs_cover(arch_spec, capability):
     newer than the GPU's ("a" variants: the exact GPU only), or PTX for an older or equal
     architecture, which the driver compiles for the GPU."""
     for item in re.split(r"[;\s]+", arch_spec.strip()):
-        m = re.fullmatch(r"(\d+)\.(\d+)(a?)(\+PTX)?", item)
+        m = ARCH_ITEM.fullmatch(item)
         if m is None:
             continue
         arch = (int(m.group(1)), int(m.group(2)))
@@ -93,7 +96,7 @@ def _load():
             f"fusedops needs torch >= {TORCH_TARGET[0]}.{TORCH_TARGET[1]} (its binaries target that "
             f"stable ABI), found torch {torch.__version__}: upgrade torch"
         )
-    importlib.import_module("fusedops._C")
+    _import_native("fusedops._C", "the schemas and CPU kernels", info)
     if not torch.version.cuda:
         return None
     backend = requested_backend()
@@ -116,5 +119,24 @@ def _load():
             f"{found_major}, rebuild from source (`pip install --no-build-isolation .`), or set "
             "FUSEDOPS_BACKEND=triton"
         )
-    importlib.import_module("fusedops._C_cuda")
+    _import_native("fusedops._C_cuda", "the CUDA kernels", info,
+                   "; or set FUSEDOPS_BACKEND=triton to run CUDA tensors on the Triton kernels")
     return "cuda"
+
+
+def _import_native(module, holds, info, alternative=""):
+    """Imports one of the native libraries the build record lists; a missing or unloadable one
+    (a partial install, a checkout whose build was cleaned, a library that fails to link) gets
+    a message that says what to do instead of the loader's bare error."""
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        built = f"built against torch {info['torch']}"
+        if module.endswith("_cuda"):
+            built += f" with CUDA {info['torch_cuda']} for archs {info['cuda_archs'] or '(default)'}"
+        raise IncompatibleBuildError(
+            f"fusedops: the build record says {module} ({holds}) was {built}, but it cannot be "
+            f"loaded ({type(e).__name__}: {e}): reinstall fusedops, or rebuild it from source against "
+            f"this torch ({torch.__version__}) with `pip install --no-build-isolation .` (`-e .` in a "
+            f"checkout; see README.md){alternative}"
+        ) from e

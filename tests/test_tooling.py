@@ -1,0 +1,233 @@
+"""The tooling around the ops: the benchmark command line's refusals, setup.py's build switches,
+the native loader's errors and `python -m fusedops`'s build lines. Fast: nothing is built or timed."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fusedops
+from fusedops import _native
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- benchmarks/run.py ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def bench():
+    """benchmarks.run, imported as `python -m benchmarks.run` would (a checkout only: the sdist
+    ships tests/ without benchmarks/)."""
+    if not (ROOT / "benchmarks" / "run.py").is_file():
+        pytest.skip("benchmarks/ is not beside tests/ (not a checkout)")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import run
+
+    return run
+
+
+@pytest.fixture
+def old_results(tmp_path):
+    """A results directory holding results from an earlier run, which a failed run must keep."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.csv").write_text("op,mode,shape\nrms_norm,fwd,16x4096\n")
+    return out
+
+
+@pytest.mark.parametrize(
+    "filters, named",
+    [
+        (["--ops", "rms_norm", "--providers", "fusedop"], "--providers fusedop"),  # a typo
+        (["--ops", "rms_norm", "--providers", "eager,fusedops-cuda"], "--providers fusedops-cuda"),
+        (["--ops", "cross_entropy", "--modes", "bwd"], "--modes bwd"),  # (it has fwd and fwd+bwd)
+        (["--ops", "rms_norm", "--providers", "fusedops-raw", "--modes", "fwd,bwd"], "--modes bwd"),
+        (["--ops", "rms_norm", "--shapes", "wide"], "--shapes wide"),  # (no wide case on the CPU)
+    ],
+)
+def test_bench_filter_selecting_nothing_is_an_error_before_anything_is_written(
+    bench, old_results, capsys, filters, named
+):
+    before = (old_results / "results.csv").read_text()
+    rc = bench.main(["--device", "cpu", "--quick", "--no-plot", "--out", str(old_results), *filters])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert named in err and "left as it was" in err
+    assert (old_results / "results.csv").read_text() == before
+    assert sorted(p.name for p in old_results.iterdir()) == ["results.csv"]
+
+
+def test_bench_run_without_rows_never_replaces_results(bench, old_results):
+    from benchmarks import harness
+
+    before = (old_results / "results.csv").read_text()
+    assert harness.save_results(old_results, [], {"run_id": "x"}, append=False) is None
+    assert (old_results / "results.csv").read_text() == before
+
+
+def test_bench_merge_needs_out(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(["--merge", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "--merge needs --out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source", ["missing", "empty dir", "header only"])
+def test_bench_merge_of_a_directory_without_results_is_an_error(bench, tmp_path, capsys, source):
+    src = tmp_path / "src"
+    if source != "missing":
+        src.mkdir()
+    if source == "header only":
+        (src / "results.csv").write_text("op,mode,shape\n")
+    out = tmp_path / "out"
+    assert bench.main(["--merge", str(src), "--out", str(out), "--no-plot"]) == 2
+    assert f"--merge {src}" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
+def test_bench_report_only_for_cuda_without_a_gpu_asks_for_out(bench, capsys):
+    assert bench.main(["--device", "cuda", "--report-only", "--no-plot"]) == 2
+    assert "pass --out DIR" in capsys.readouterr().err
+
+
+# ---- setup.py ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def setup_py():
+    """setup.py's helpers; its setup() call runs only as __main__, so importing builds nothing."""
+    spec = importlib.util.spec_from_file_location("fusedops_setup_py", ROOT / "setup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "spec, cmake",
+    [
+        ("9.0", "90-real"),
+        ("8.0;9.0+PTX", "80-real;90"),
+        ("8.0 8.6  9.0", "80-real;86-real;90-real"),
+        ("9.0a", "90a-real"),
+        ("9.0a+PTX", "90a"),
+        ("8.0;8.6;8.9;9.0;10.0;12.0+PTX", "80-real;86-real;89-real;90-real;100-real;120"),
+    ],
+)
+def test_setup_arch_list_accepted_forms(setup_py, spec, cmake):
+    assert setup_py._cmake_archs(spec) == cmake
+
+
+@pytest.mark.parametrize("spec", ["90", "sm_90", "Hopper", "12.0f", "9.0;sm_90", "9.0+ptx", "9", ";"])
+def test_setup_arch_list_rejects_other_forms_naming_the_accepted_ones(setup_py, spec):
+    with pytest.raises(RuntimeError, match="TORCH_CUDA_ARCH_LIST") as exc:
+        setup_py._cmake_archs(spec)
+    if spec != ";":
+        assert '"9.0+PTX"' in str(exc.value) and '"9.0a"' in str(exc.value)
+
+
+@pytest.mark.parametrize("item", ["9.0", "9.0a", "9.0+PTX", "9.0a+PTX", "12.0", "90", "sm_90", "12.0f",
+                                  "9.0+ptx"])
+def test_setup_and_the_runtime_check_read_the_same_arch_forms(setup_py, item):
+    """A list setup.py accepts is recorded in the build record, where _native.archs_cover must
+    read it at import time to tell whether a GPU has code."""
+    assert setup_py.ARCH_ITEM.pattern == _native.ARCH_ITEM.pattern
+    try:
+        setup_py._cmake_archs(item)
+        accepted = True
+    except RuntimeError:
+        accepted = False
+    assert accepted == (_native.ARCH_ITEM.fullmatch(item) is not None)
+    if accepted:
+        major, minor = (int(v) for v in _native.ARCH_ITEM.fullmatch(item).groups()[:2])
+        assert _native.archs_cover(item, (major, minor))
+
+
+@pytest.mark.parametrize("value, mode", [(None, "auto"), ("", "auto"), (" auto ", "auto"), ("AUTO", "auto"),
+                                         ("0", "0"), ("1", "1")])
+def test_setup_fusedops_cuda_accepted_values(setup_py, monkeypatch, value, mode):
+    if value is None:
+        monkeypatch.delenv("FUSEDOPS_CUDA", raising=False)
+    else:
+        monkeypatch.setenv("FUSEDOPS_CUDA", value)
+    assert setup_py._cuda_mode() == mode
+
+
+@pytest.mark.parametrize("value", ["yes", "ON", "true", "cuda", "2"])
+def test_setup_fusedops_cuda_rejects_other_values(setup_py, monkeypatch, value):
+    monkeypatch.setenv("FUSEDOPS_CUDA", value)
+    with pytest.raises(RuntimeError, match=f"FUSEDOPS_CUDA must be one of auto, 0, 1 .*got '{value}'"):
+        setup_py._cuda_mode()
+
+
+def test_setup_records_the_compiler_from_the_cmake_cache(setup_py, tmp_path):
+    assert setup_py._cmake_cxx_compiler(tmp_path) == ""  # (not configured)
+    (tmp_path / "CMakeCache.txt").write_text(
+        "CMAKE_CXX_FLAGS:STRING=\n"
+        "CMAKE_CXX_COMPILER:FILEPATH=/opt/gcc/bin/g++\n"
+        "CMAKE_C_COMPILER:FILEPATH=/usr/bin/cc\n"
+    )
+    assert setup_py._cmake_cxx_compiler(tmp_path) == "/opt/gcc/bin/g++"
+    # (any program answers --version; the interpreter is one that is surely here)
+    assert setup_py._first_version_line(sys.executable).startswith("Python 3.")
+    assert setup_py._first_version_line(str(tmp_path / "no-such-compiler")) == ""
+
+
+# ---- the native loader --------------------------------------------------------------------------
+
+
+def test_native_missing_library_gets_the_build_error_with_a_fix(monkeypatch):
+    info = dict(_native.build_info(), torch_cuda="13.0", cuda_built=True, cuda_archs="9.0")
+    monkeypatch.setattr(_native, "build_info", lambda: info)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setenv("FUSEDOPS_BACKEND", "auto")
+    real_import = _native.importlib.import_module
+
+    def import_module(name, *args):
+        if name == "fusedops._C_cuda":  # (as where the build record outlived the library)
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(_native.importlib, "import_module", import_module)
+    with pytest.raises(_native.IncompatibleBuildError, match="fusedops._C_cuda") as exc:
+        _native._load()
+    message = str(exc.value)
+    assert "pip install --no-build-isolation ." in message and "FUSEDOPS_BACKEND=triton" in message
+    assert isinstance(exc.value.__cause__, ModuleNotFoundError)
+
+
+def test_native_unloadable_cpu_library_gets_the_build_error(monkeypatch):
+    def import_module(name, *args):
+        raise ImportError("undefined symbol: something")
+
+    monkeypatch.setattr(_native.importlib, "import_module", import_module)
+    with pytest.raises(_native.IncompatibleBuildError, match=r"fusedops._C .*undefined symbol") as exc:
+        _native._import_native("fusedops._C", "the schemas and CPU kernels", _native.build_info())
+    assert isinstance(exc.value.__cause__, ImportError)
+
+
+# ---- python -m fusedops -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("torch_cuda, cuda_built, expected", [
+    (None, False, "not built; this torch has no CUDA, so only the CPU kernels apply"),
+    ("13.0", False, "not built (CUDA tensors use the Triton kernels)"),
+    (None, True, "unused here: this torch has no CUDA"),
+])
+def test_main_says_what_serves_cuda_tensors(monkeypatch, capsys, torch_cuda, cuda_built, expected):
+    from fusedops import __main__ as cli
+
+    info = dict(fusedops.build_info(), cuda_built=cuda_built, torch_cuda="13.0" if cuda_built else "",
+                cuda_compiler="13.0" if cuda_built else "", cuda_archs="9.0" if cuda_built else "",
+                cxx_compiler="g++ (GCC) 12.2.0", cxx_compiler_path="/usr/bin/g++")
+    monkeypatch.setattr(cli.fusedops, "build_info", lambda: info)
+    monkeypatch.setattr(torch.version, "cuda", torch_cuda)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cli._print_build()
+    out = capsys.readouterr().out
+    assert expected in out
+    assert "g++ (GCC) 12.2.0 (/usr/bin/g++)" in out
