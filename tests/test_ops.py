@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fusedops
-
 from fusedops.testing import OP_TESTS, check_against_reference, grads_for, outputs_of
 from conftest import device_params
 

@@ -63,7 +63,9 @@ int64_t grain_rows(int64_t n) { return std::max<int64_t>(1, 32768 / std::max<int
 // Row sums go in blocks of kSumBlock values: each block's vectorised sum in the accumulation
 // type stays short, and the blocks add up in float64. One float32 sum over a whole row has an
 // error that grows with the row (relative 1e-6 at 262144 values, 3e-5 at 4M, ten to a hundred
-// times torch's); blocked, it is that of a 4096-value row at any width.
+// times torch's); blocked, it is that of a 4096-value row at any width. Each loop writes the
+// blocking out: a helper taking the block's sum as a lambda would have to force the lambda
+// inline too, or its simd loop would leave the FUSEDOPS_CPU_MULTIVERSION clones (AVX2, AVX-512).
 constexpr int64_t kSumBlock = 4096;
 
 // The row's mean, as x[0] + mean(x - x[0]): a row whose |mean| is far above its spread would

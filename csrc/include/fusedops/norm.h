@@ -153,9 +153,9 @@ inline void check_input(const char* op, const Tensor& input, const char* name = 
 }
 
 // A tensor that goes with `input` element for element: same shape and device, and `dtype_ok`.
+// (Callers check_given `t` first: computing `dtype_ok` asks it for its dtype.)
 inline void check_like_input(const char* op, const char* name, const Tensor& t, const char* input_name,
                              const Tensor& input, bool dtype_ok, const char* dtype_rule) {
-  check_given(op, name, t);
   FUSEDOPS_CHECK(shape_of(t) == shape_of(input), op, ": ", name, " shape ", shape_str(t), " does not match ",
                  input_name, " shape ", shape_str(input));
   FUSEDOPS_CHECK(dtype_ok, op, ": ", name, " dtype ", dtype_name(t.scalar_type()), " does not go with ",

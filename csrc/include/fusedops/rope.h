@@ -86,8 +86,8 @@ inline bool is_narrow(ScalarType t) { return t == ScalarType::BFloat16 || t == S
 // (so a bshd or thd input's output has that layout again); else dense in `t`'s order of
 // dimensions, as torch's elementwise ops lay out theirs: the leading dimensions outermost first
 // by decreasing stride (size-1 and broadcast ones where they are, ties in their logical order),
-// the last one innermost. A bshd view sliced from a fused QKV output thus gives a contiguous bshd output, which
-// `view(B, S, H * D)` takes. ops/rope.py's fake kernels follow the same rule.
+// the last one innermost. A bshd view sliced from a fused QKV output thus gives a contiguous bshd
+// output, which `view(B, S, H * D)` takes. ops/rope.py's fake kernels follow the same rule.
 inline bool keeps_strides(const Tensor& t) {
   return non_overlapping_and_dense(t) && (t.size(-1) <= 1 || t.stride(-1) == 1);
 }

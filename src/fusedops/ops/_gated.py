@@ -77,6 +77,7 @@ class GatedOp:
         self.name = name
         self.packed = name.endswith("_packed")
         self.gelu = name.startswith("geglu")
+        self._tensor_names = ("gate_up",) if self.packed else ("gate", "up")
         self.forward = getattr(torch.ops.fusedops, name).default
         self.backward = getattr(torch.ops.fusedops, name + "_backward").default
         self._forward_entry = self.forward._op
@@ -108,7 +109,7 @@ class GatedOp:
             check_unpacked(op, *tensors, grad_output=grad_output)
 
     def _check_given(self, op, tensors):
-        check_given(op, **dict(zip(("gate_up",) if self.packed else ("gate", "up"), tensors)))
+        check_given(op, **dict(zip(self._tensor_names, tensors)))
 
     def _split(self, args):
         """(the tensor arguments, approximate) of a forward's positional args."""
