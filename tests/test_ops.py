@@ -279,3 +279,45 @@ def test_compile_fullgraph_dynamic(info, device):
         torch.testing.assert_close(torch.autograd.grad(outs, tensors, g), torch.autograd.grad(expected, tensors, g))
     assert counters["stats"]["unique_graphs"] == 1, f"recompiled: {dict(counters['stats'])}"
     assert not counters["graph_break"], f"graph breaks: {dict(counters['graph_break'])}"
+
+
+class _Call(torch.nn.Module):
+    """`fn` over a sample's tensor arguments, its other arguments fixed (torch.export traces a
+    module whose inputs are tensors)."""
+
+    def __init__(self, fn, args):
+        super().__init__()
+        self.fn, self.args = fn, args
+        self.where = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+    def forward(self, *tensors):
+        args = list(self.args)
+        for i, t in zip(self.where, tensors):
+            args[i] = t
+        return outputs_of(self.fn(*args))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", OPS)
+def test_export_dynamic_and_reload(info, device):
+    """torch.export with every dimension free: the program calls the op itself (not a
+    decomposition), survives torch.export.save / load, and on other shapes computes what eager
+    does (fusedops' ops deploy through export as they are)."""
+    import io
+
+    sample = info.sample_for_shape(device, torch.float32, (5, 64))
+    module = _Call(info.public, sample.args)
+    tensors = tuple(sample.args[i] for i in module.where)
+    # (a dimension of size 1 stays static: export would specialise it, with a warning)
+    dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim()) if t.shape[d] > 1} for t in tensors)
+    program = torch.export.export(module, tensors, dynamic_shapes={"tensors": dims})
+    called = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert f"fusedops.{info.name}.default" in called, called
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    buffer.seek(0)
+    reloaded = torch.export.load(buffer).module()
+    for rows, n in [(7, 64), (9, 128)]:
+        other = info.sample_for_shape(device, torch.float32, (rows, n))
+        inputs = tuple(other.args[i] for i in module.where)
+        torch.testing.assert_close(reloaded(*inputs), _Call(info.public, other.args)(*inputs))
