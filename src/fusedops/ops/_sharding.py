@@ -1,0 +1,200 @@
+"""How the ops run on DTensors (torch.distributed.tensor): tensor and sequence parallelism.
+
+A norm or a gated activation computes each row on its own, so a tensor sharded over any of its
+leading dimensions runs as it is: every rank runs the op on its own rows, the parameters are
+replicated, and a parameter's gradient is each rank's partial sum (``Partial``), reduced by
+DTensor when it is needed, as torch's own norms do under ``SequenceParallel``. A gated
+activation is elementwise, so its feature dimension may be sharded too (the intermediate
+dimension of a column-wise parallel gate and up projection); the packed form's may not, as its
+halves would land on different ranks. Anything else is replicated first, by DTensor.
+
+``RULES`` below holds each op's rule: from the arguments' shapes, the placements it accepts
+(DTensor's ``register_sharding``). The norms and gated activations name the role of every
+argument and output (``_rowwise``); rope shards q and k over the batch, the heads or the
+sequence, with cos and sin following.
+
+The in-place forms (``add_rms_norm_``, ``rope_``) have no rule: DTensor takes an op whose name
+ends in ``_`` to update its first argument and return it, which neither does (add_rms_norm_
+updates its second, rope_ returns the first bad position), so DTensor refuses them with its "no
+sharding strategy" error rather than return the wrong tensor. Nor do the losses: a loss over
+sharded rows or a vocabulary-parallel loss needs reductions of its own.
+
+The rules are registered when torch.distributed.tensor is imported (by the user, or already
+before fusedops): importing it takes about 0.4 s, which ``import fusedops`` should not cost
+those who never shard.
+"""
+
+import importlib.abc
+import importlib.util
+import sys
+
+import torch
+
+_DTENSOR = "torch.distributed.tensor"
+
+# Roles, one character per schema argument or output:
+ROW = "x"  # shares the input's leading dimensions: sharded over one of them, or replicated
+STAT = "s"  # one value per row (the input's leading dimensions): sharded with the rows
+PARAM = "w"  # a parameter over the last dimension: replicated
+PARAM_GRAD = "g"  # a parameter's gradient: a partial sum where the rows are sharded
+EMPTY = "0"  # an output the op returns empty (a gradient nobody asked for): replicated
+OTHER = "-"  # not a tensor, or an absent optional tensor
+
+_fusedops = torch.ops.fusedops
+
+
+def _rowwise(outputs, arguments, feature_dim=False):
+    """The rule of an op whose outputs and arguments have the roles named (a role per output, a
+    role per schema argument, or a function of the arguments returning both): every tensor
+    replicated, or the rows sharded over one leading dimension (``feature_dim``: or over the
+    last, for an elementwise op)."""
+
+    def strategies(*args):
+        from torch.distributed.tensor import Partial, Replicate, Shard
+
+        outs, ins = (outputs, arguments) if isinstance(outputs, str) else outputs(*args)
+        rows = next(a for role, a in zip(ins, args) if role == ROW)
+        dims = range(rows.ndim if feature_dim else rows.ndim - 1)
+        found = []
+        for d in [None, *dims]:
+            sharded = Replicate() if d is None else Shard(d)
+            by_role = {
+                ROW: sharded,
+                STAT: sharded,
+                PARAM: Replicate(),
+                EMPTY: Replicate(),
+                PARAM_GRAD: Replicate() if d is None else Partial(),
+            }
+            # (args: the arguments as called, which may leave out trailing ones with defaults)
+            placed = [None if role == OTHER or a is None else by_role[role] for role, a in zip(ins, args)]
+            found.append(([by_role[role] for role in outs], placed))
+        return found
+
+    return strategies
+
+
+# A rule may look at the tensors' presence, shapes and dtypes, never at the other arguments:
+# DTensor caches a rule's answer by the tensors' specs alone (register_sharding declares no
+# argument static). So a parameter's gradient is a partial sum whenever the parameter is given,
+# also when it comes back empty because it was not asked for (a partial sum of nothing).
+
+
+def _grad_of(param):
+    return EMPTY if param is None else PARAM_GRAD
+
+
+def _rms_norm_backward(grad_output, saved, weight, *_):
+    return ROW + _grad_of(weight), "xxws---"
+
+
+def _add_rms_norm_backward(grad_output, grad_residual_out, residual_out, weight, *_):
+    # grad_residual is empty when grad_input serves residual too (the same dtype)
+    grad_residual = EMPTY if residual_out.tensor_meta.dtype == grad_output.tensor_meta.dtype else ROW
+    return ROW + grad_residual + _grad_of(weight), "xxxws--"
+
+
+def _layer_norm_backward(grad_output, input, weight, bias, *_):
+    return ROW + _grad_of(weight) + _grad_of(bias), "xxwwss--"
+
+
+def _rope_placements(d, cos, position_ids):
+    """The placements of q and k (B, H, S, D) sharded over dimension d (None: replicated), of
+    cos and sin, and of position_ids. Tables indexed by position_ids are replicated, and so
+    are the positions: the op reports the first bad position by its index, which must mean the
+    same on every rank, so with position_ids only the heads are sharded."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    positions = None if position_ids is None else Replicate()
+    if d is None:
+        return Replicate(), Replicate(), positions
+    if d == 1:
+        return Shard(1), Replicate(), positions
+    # cos (1 or B, S, R): sharded with q over the batch (unless it is one for all) or the sequence
+    table = Shard(1) if d == 2 else Shard(0) if cos.shape[0] > 1 else Replicate()
+    return Shard(d), table, positions
+
+
+def _rope_dims(position_ids):
+    return [None, 1] if position_ids is not None else [None, 0, 1, 2]
+
+
+def _rope(q, k, cos, sin, position_ids=None, *_):
+    from torch.distributed.tensor import Replicate
+
+    found = []
+    for d in _rope_dims(position_ids):
+        qk, table, positions = _rope_placements(d, cos, position_ids)
+        # (bad_position, the first bad position or -1: the same on every rank)
+        found.append(([qk, qk, Replicate()], [qk, qk, table, table, positions]))
+    return found
+
+
+def _rope_backward(grad_q_out, grad_k_out, cos, sin, position_ids, *_):
+    from torch.distributed.tensor import Replicate
+
+    found = []
+    for d in _rope_dims(position_ids):
+        qk, table, positions = _rope_placements(d, cos, position_ids)
+        grads = [None if g is None else qk for g in (grad_q_out, grad_k_out)]
+        # (an absent incoming gradient: that output is empty)
+        outs = [Replicate() if g is None else qk for g in (grad_q_out, grad_k_out)]
+        found.append((outs, grads + [table, table, positions]))
+    return found
+
+
+# op -> its sharding rule: (the op's arguments as called) -> [(outputs' placements, arguments'
+# placements)], the strategies register_sharding takes.
+RULES = {
+    _fusedops.rms_norm.default: _rowwise("xs", "xw----"),
+    _fusedops.rms_norm_backward.default: _rowwise(_rms_norm_backward, None),
+    _fusedops.add_rms_norm.default: _rowwise("xxs", "xxw---"),
+    _fusedops.add_rms_norm_backward.default: _rowwise(_add_rms_norm_backward, None),
+    _fusedops.layer_norm.default: _rowwise("xss", "xww-"),
+    _fusedops.layer_norm_backward.default: _rowwise(_layer_norm_backward, None),
+    _fusedops.swiglu.default: _rowwise("x", "xx", feature_dim=True),
+    _fusedops.swiglu_backward.default: _rowwise("xx", "xxx", feature_dim=True),
+    _fusedops.geglu.default: _rowwise("x", "xx-", feature_dim=True),
+    _fusedops.geglu_backward.default: _rowwise("xx", "xxx-", feature_dim=True),
+    _fusedops.swiglu_packed.default: _rowwise("x", "x"),
+    _fusedops.swiglu_packed_backward.default: _rowwise("x", "xx"),
+    _fusedops.geglu_packed.default: _rowwise("x", "x-"),
+    _fusedops.geglu_packed_backward.default: _rowwise("x", "xx-"),
+    _fusedops.rope.default: _rope,
+    _fusedops.rope_backward.default: _rope_backward,
+}
+
+
+def register_all() -> None:
+    from torch.distributed.tensor.experimental import register_sharding
+
+    for op, rule in RULES.items():
+        register_sharding(op)(rule)
+
+
+class _RegisterOnImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: on the first import of torch.distributed.tensor it lets the usual
+    finders find the module, and has the rules registered once the module has run."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _DTENSOR:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            run_module = spec.loader.exec_module
+
+            def exec_module(module):
+                run_module(module)
+                register_all()
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+def register_when_dtensor_is_imported() -> None:
+    if not torch.distributed.is_available():
+        return
+    if _DTENSOR in sys.modules:
+        register_all()
+    else:
+        sys.meta_path.insert(0, _RegisterOnImport())
