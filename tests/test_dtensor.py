@@ -52,6 +52,8 @@ def _norm_cases():
             torch_fn=lambda x, w: torch.nn.functional.rms_norm(x, (32,), w, 1e-6),
         ),
         "rms_norm-no-weight": Case(fusedops.rms_norm, (x,)),
+        # (after "rms_norm" with the same specs: DTensor's cached rule, the weight's gradient unasked)
+        "rms_norm-frozen-weight": Case(fusedops.rms_norm, (x, w)),
         "rms_norm-options": Case(
             fusedops.rms_norm,
             (x, w),

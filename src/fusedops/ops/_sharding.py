@@ -74,9 +74,10 @@ def _rowwise(outputs, arguments, feature_dim=False):
 
 
 # A rule may look at the tensors' presence, shapes and dtypes, never at the other arguments:
-# DTensor caches a rule's answer by the tensors' specs alone (register_sharding declares no
-# argument static). So a parameter's gradient is a partial sum whenever the parameter is given,
-# also when it comes back empty because it was not asked for (a partial sum of nothing).
+# DTensor caches a rule's answer by the tensors' specs alone (register_sharding counts the
+# arguments from the first int one on as part of the key, and these ops have none). So a
+# parameter's gradient is a partial sum whenever the parameter is given, also when it comes
+# back empty because it was not asked for (a partial sum of nothing).
 
 
 def _grad_of(param):
