@@ -372,3 +372,13 @@ def test_rules_wait_for_dtensor_import():
         code = probe.format(first=first, second=second, dtensor_first=dtensor_first)
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_failed_registration_warns(monkeypatch):
+    """register_sharding is experimental: if it changes under a future torch, importing
+    torch.distributed.tensor must still work, with a warning saying what fusedops lost."""
+    from fusedops.ops import _sharding
+
+    monkeypatch.setattr(_sharding, "RULES", {"not an op": None})
+    with pytest.warns(UserWarning, match="fusedops: its DTensor sharding rules could not be registered"):
+        _sharding.register_all()

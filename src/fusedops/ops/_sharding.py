@@ -27,6 +27,7 @@ those who never shard.
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 
 import torch
 
@@ -166,10 +167,19 @@ RULES = {
 
 
 def register_all() -> None:
-    from torch.distributed.tensor.experimental import register_sharding
+    """Registers every rule; a failure (an experimental API that changed in some torch) warns
+    instead of raising: it must not break the user's import of torch.distributed.tensor."""
+    try:
+        from torch.distributed.tensor.experimental import register_sharding
 
-    for op, rule in RULES.items():
-        register_sharding(op)(rule)
+        for op, rule in RULES.items():
+            register_sharding(op)(rule)
+    except Exception as e:  # noqa: BLE001  (see above)
+        warnings.warn(
+            f"fusedops: its DTensor sharding rules could not be registered ({type(e).__name__}: {e}); "
+            "fusedops ops will refuse DTensor inputs",
+            stacklevel=2,
+        )
 
 
 class _RegisterOnImport(importlib.abc.MetaPathFinder):
