@@ -90,3 +90,49 @@ def test_rms_norm_default_eps(dtype, device):
     # AddRMSNorm takes eps=None the same way (of input + residual, here input + 0).
     add = fusedops.nn.AddRMSNorm(64, eps=None, device=device, dtype=dtype)
     torch.testing.assert_close(add(x, torch.zeros_like(x))[0], expected)
+
+
+class _Block(torch.nn.Module):
+    """A small pre-norm decoder block made of fusedops modules and ops (attention left out)."""
+
+    def __init__(self, hidden=64, heads=4, device=None):
+        super().__init__()
+        self.heads = heads
+        self.norm = fusedops.nn.RMSNorm(hidden, device=device)
+        self.qk = torch.nn.Linear(hidden, 2 * hidden, bias=False, device=device)
+        self.rotary = fusedops.nn.RotaryEmbedding(hidden // heads, device=device)
+        self.mlp_norm = fusedops.nn.LayerNorm(hidden, device=device)
+        self.mlp = fusedops.nn.SwiGLUMLP(hidden, 2 * hidden, device=device)
+
+    def forward(self, x, positions):
+        B, S, H = x.shape
+        q, k = self.qk(self.norm(x)).view(B, S, 2, self.heads, H // self.heads).unbind(2)
+        cos, sin = self.rotary(q, positions)
+        q, k = fusedops.rope(q, k, cos, sin, layout="bshd")
+        h, residual = fusedops.add_rms_norm((q + k).reshape(B, S, H), x)
+        return self.mlp(self.mlp_norm(h)) + residual
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_block_through_aot_inductor(device, tmp_path):
+    """Deployment without Python model code: torch.export with a free batch and sequence, then
+    AOTInductor's compiled package, which calls the fusedops ops through the dispatcher (the
+    process must have imported fusedops), gives eager's outputs at other shapes."""
+    torch.manual_seed(0)
+    block = _Block(device=device).eval()
+
+    def inputs(B, S):
+        return torch.randn(B, S, 64, device=device), torch.arange(S, device=device).expand(B, S)
+
+    dims = {"x": {0: torch.export.Dim("B", min=2), 1: torch.export.Dim("S", min=2)}}
+    dims["positions"] = {0: dims["x"][0], 1: dims["x"][1]}
+    with torch.no_grad():
+        program = torch.export.export(block, inputs(2, 5), dynamic_shapes=dims)
+        called = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+        for op in ("rms_norm", "rope", "add_rms_norm", "layer_norm", "swiglu"):
+            assert f"fusedops.{op}.default" in called, called
+        package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "block.pt2"))
+        compiled = torch._inductor.aoti_load_package(package)
+        for B, S in [(3, 7), (2, 16)]:
+            x, positions = inputs(B, S)
+            torch.testing.assert_close(compiled(x, positions), block(x, positions), rtol=1e-5, atol=1e-5)
