@@ -118,6 +118,10 @@ class GpuCheck:
         return cls(option, mode)
 
     def finish(self, flag, message):
+        # A DTensor's flag (replicated: the positions are, ops/_sharding.py) as this rank's tensor
+        to_local = getattr(flag, "to_local", None)
+        if to_local is not None:
+            flag = to_local()
         if self.mode == "sync":
             index = int(flag)  # the one synchronisation
             if index >= 0:
