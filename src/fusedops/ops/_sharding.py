@@ -38,7 +38,7 @@ ROW = "x"  # shares the input's leading dimensions: sharded over one of them, or
 STAT = "s"  # one value per row (the input's leading dimensions): sharded with the rows
 PARAM = "w"  # a parameter over the last dimension: replicated
 PARAM_GRAD = "g"  # a parameter's gradient: a partial sum where the rows are sharded
-EMPTY = "0"  # an output the op returns empty (a gradient nobody asked for): replicated
+EMPTY = "0"  # an output the op returns empty (a gradient not asked for, or served by another): replicated
 OTHER = "-"  # not a tensor, or an absent optional tensor
 
 _fusedops = torch.ops.fusedops
