@@ -44,16 +44,16 @@ OTHER = "-"  # not a tensor, or an absent optional tensor
 _fusedops = torch.ops.fusedops
 
 
-def _rowwise(outputs, arguments, feature_dim=False):
-    """The rule of an op whose outputs and arguments have the roles named (a role per output, a
-    role per schema argument, or a function of the arguments returning both): every tensor
-    replicated, or the rows sharded over one leading dimension (``feature_dim``: or over the
-    last, for an elementwise op)."""
+def _rowwise(roles, feature_dim=False):
+    """The rule of an op whose outputs and arguments have the roles named: ``roles`` is (a role
+    per output, a role per schema argument), or a function of the arguments returning that.
+    Every tensor replicated, or the rows sharded over one leading dimension (``feature_dim``: or
+    over the last, for an elementwise op)."""
 
     def strategies(*args):
         from torch.distributed.tensor import Partial, Replicate, Shard
 
-        outs, ins = (outputs, arguments) if isinstance(outputs, str) else outputs(*args)
+        outs, ins = roles(*args) if callable(roles) else roles
         rows = next(a for role, a in zip(ins, args) if role == ROW)
         dims = range(rows.ndim if feature_dim else rows.ndim - 1)
         found = []
@@ -147,20 +147,20 @@ def _rope_backward(grad_q_out, grad_k_out, cos, sin, position_ids, *_):
 # op -> its sharding rule: (the op's arguments as called) -> [(outputs' placements, arguments'
 # placements)], the strategies register_sharding takes.
 RULES = {
-    _fusedops.rms_norm.default: _rowwise("xs", "xw----"),
-    _fusedops.rms_norm_backward.default: _rowwise(_rms_norm_backward, None),
-    _fusedops.add_rms_norm.default: _rowwise("xxs", "xxw---"),
-    _fusedops.add_rms_norm_backward.default: _rowwise(_add_rms_norm_backward, None),
-    _fusedops.layer_norm.default: _rowwise("xss", "xww-"),
-    _fusedops.layer_norm_backward.default: _rowwise(_layer_norm_backward, None),
-    _fusedops.swiglu.default: _rowwise("x", "xx", feature_dim=True),
-    _fusedops.swiglu_backward.default: _rowwise("xx", "xxx", feature_dim=True),
-    _fusedops.geglu.default: _rowwise("x", "xx-", feature_dim=True),
-    _fusedops.geglu_backward.default: _rowwise("xx", "xxx-", feature_dim=True),
-    _fusedops.swiglu_packed.default: _rowwise("x", "x"),
-    _fusedops.swiglu_packed_backward.default: _rowwise("x", "xx"),
-    _fusedops.geglu_packed.default: _rowwise("x", "x-"),
-    _fusedops.geglu_packed_backward.default: _rowwise("x", "xx-"),
+    _fusedops.rms_norm.default: _rowwise(("xs", "xw----")),
+    _fusedops.rms_norm_backward.default: _rowwise(_rms_norm_backward),
+    _fusedops.add_rms_norm.default: _rowwise(("xxs", "xxw---")),
+    _fusedops.add_rms_norm_backward.default: _rowwise(_add_rms_norm_backward),
+    _fusedops.layer_norm.default: _rowwise(("xss", "xww-")),
+    _fusedops.layer_norm_backward.default: _rowwise(_layer_norm_backward),
+    _fusedops.swiglu.default: _rowwise(("x", "xx"), feature_dim=True),
+    _fusedops.swiglu_backward.default: _rowwise(("xx", "xxx"), feature_dim=True),
+    _fusedops.geglu.default: _rowwise(("x", "xx-"), feature_dim=True),
+    _fusedops.geglu_backward.default: _rowwise(("xx", "xxx-"), feature_dim=True),
+    _fusedops.swiglu_packed.default: _rowwise(("x", "x")),
+    _fusedops.swiglu_packed_backward.default: _rowwise(("x", "xx")),
+    _fusedops.geglu_packed.default: _rowwise(("x", "x-")),
+    _fusedops.geglu_packed_backward.default: _rowwise(("x", "xx-")),
     _fusedops.rope.default: _rope,
     _fusedops.rope_backward.default: _rope_backward,
 }
