@@ -27,6 +27,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _rand(*shape):
+    return torch.randn(*shape)
+
+
 @dataclass
 class Case:
     fn: Callable
@@ -39,7 +43,7 @@ class Case:
 
 
 def _norm_cases():
-    x, r, w, b = torch.randn(4, 6, 32), torch.randn(4, 6, 32), torch.randn(32), torch.randn(32)
+    x, r, w, b = _rand(4, 6, 32), _rand(4, 6, 32), _rand(32), _rand(32)
     return {
         "rms_norm": Case(
             fusedops.rms_norm,
@@ -71,7 +75,7 @@ def _norm_cases():
 
 
 def _gated_cases():
-    g, u, gu = torch.randn(4, 6, 32), torch.randn(4, 6, 32), torch.randn(4, 6, 64)
+    g, u, gu = _rand(4, 6, 32), _rand(4, 6, 32), _rand(4, 6, 64)
     every = ("S0", "S1", "S2", "R")
     both = dict(sharded=(0, 1), differentiable=(0, 1), placements=every)
     return {
@@ -93,10 +97,10 @@ def _gated_cases():
 
 def _rope_cases():
     B, S, Hq, Hk, D, R = 2, 6, 4, 2, 16, 12  # (partial rotary: R < D)
-    q, k = torch.randn(B, Hq, S, D), torch.randn(B, Hk, S, D)
-    cos, sin = torch.randn(B, S, R), torch.randn(B, S, R)
+    q, k = _rand(B, Hq, S, D), _rand(B, Hk, S, D)
+    cos, sin = _rand(B, S, R), _rand(B, S, R)
     one = dict(sharded=(0, 1), differentiable=(0, 1), placements=("S0", "S1", "S2", "R"))
-    table_cos, table_sin = torch.randn(10, R), torch.randn(10, R)
+    table_cos, table_sin = _rand(10, R), _rand(10, R)
     positions = torch.randint(0, 10, (B, S))
     return {
         "rope-bhsd": Case(fusedops.rope, (q, k, cos, sin), **one),
@@ -125,27 +129,24 @@ def _rope_cases():
 
 
 def _cases():
-    with torch.random.fork_rng():  # (the same tensors on every rank; the caller's generator untouched)
-        torch.manual_seed(0)
-        every = {**_norm_cases(), **_gated_cases(), **_rope_cases()}
-    return {f"{name}-{p}": (case, p) for name, case in every.items() for p in case.placements}
+    torch.manual_seed(0)  # (the same tensors on every rank)
+    cases = {}
+    for name, case in {**_norm_cases(), **_gated_cases(), **_rope_cases()}.items():
+        for p in case.placements:
+            cases[f"{name}-{p}"] = (case, p)
+    return cases
 
 
 CASES = sorted(_cases())
 MODULE_CASES = ["RMSNorm-SequenceParallel", "LayerNorm-SequenceParallel", "SwiGLUMLP-tensor-parallel"]
 # Ops without a rule (ops/_sharding.py says why): DTensor's own error, naming the op.
 REFUSED = {  # (each given a function placing a whole tensor as Shard(0))
-    "add_rms_norm_": lambda place: fusedops.add_rms_norm_(
-        place(torch.randn(4, 32)), place(torch.randn(4, 32))
-    ),
+    "add_rms_norm_": lambda place: fusedops.add_rms_norm_(place(_rand(4, 32)), place(_rand(4, 32))),
     "rope_": lambda place: fusedops.rope_(
-        place(torch.randn(4, 2, 6, 16)),
-        place(torch.randn(4, 2, 6, 16)),
-        place(torch.randn(4, 6, 16)),
-        place(torch.randn(4, 6, 16)),
+        place(_rand(4, 2, 6, 16)), place(_rand(4, 2, 6, 16)), place(_rand(4, 6, 16)), place(_rand(4, 6, 16))
     ),
     "cross_entropy": lambda place: fusedops.cross_entropy(
-        place(torch.randn(4, 32)), place(torch.zeros(4, dtype=torch.long))
+        place(_rand(4, 32)), place(torch.zeros(4, dtype=torch.long))
     ),
 }
 
@@ -221,7 +222,7 @@ def _run_compiled_case(mesh):
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     torch.manual_seed(3)
-    x, w = torch.randn(4, 8, 32), torch.randn(32)
+    x, w = _rand(4, 8, 32), _rand(32)
 
     def block(x, w):
         return fusedops.swiglu(fusedops.rms_norm(x, w), x)
@@ -255,7 +256,7 @@ def _run_module_case(mesh, name):
     )
 
     torch.manual_seed(1)
-    x = torch.randn(2, 8, 32)
+    x = _rand(2, 8, 32)
     if name == "SwiGLUMLP-tensor-parallel":
         ours = fusedops.nn.SwiGLUMLP(32, 64)
 
