@@ -70,14 +70,13 @@ def test_nan_propagates(unpacked, packed, mode, act, device):
     assert torch.isfinite(y[0, [0, 3]]).all(), y
 
 
-def test_cpu_sigmoid_keeps_its_subnormal_tail():
-    """The CPU kernels' sigmoid of a gate in [-88.7, -87.3] is a subnormal float32, not 0, as
-    torch's: a huge `up` (1e38) scales it back to an ordinary value, as in float64. (The CPU exp
-    overflowed from 88.4, where e^88.7 is still finite.) CPU only: the CUDA kernels flush
-    subnormal sigmoids to 0, and the Triton kernels' backward has not been checked here on a GPU
-    (docs/ops/swiglu.md, Math)."""
+@pytest.mark.parametrize("device", DEVICES)
+def test_sigmoid_keeps_its_subnormal_tail(device):
+    """The sigmoid of a gate in [-88.7, -87.3] is a subnormal float32, not 0, as torch's: a huge
+    `up` (1e38) scales it back to an ordinary value, as in float64. (The CPU exp overflowed from
+    88.4, where e^88.7 is still finite; the CUDA kernels' reciprocal flushed subnormals to 0.)"""
     g64 = torch.linspace(-88.7, -86.0, 2701, dtype=torch.float64)
-    g = g64.float().requires_grad_()
+    g = g64.float().to(device).requires_grad_()
     u = torch.full_like(g, 1e38, requires_grad=True)
     y = fusedops.swiglu(g, u)
     ref_g, ref_u = g.detach().double().requires_grad_(), u.detach().double().requires_grad_()

@@ -55,12 +55,13 @@ __device__ __forceinline__ float exp_acc(float x) { return __expf(x); }
 __device__ __forceinline__ double exp_acc(double x) { return exp(x); }
 __device__ __forceinline__ float erf_acc(float x) { return erff(x); }
 __device__ __forceinline__ double erf_acc(double x) { return erf(x); }
-// 1 / (1 + e^-x); e^-x = inf (x < -88) gives 0, as it should.
-// The hardware reciprocal (cuda_utils.cuh, about 1 ulp like __expf): its argument here is
-// 1 + e^-x >= 1, so flushing subnormals changes nothing, and 1 / inf = 0.
-__device__ __forceinline__ float sigmoid(float x) { return rcp_approx(1.0f + __expf(-x)); }
+// 1 / (1 + e^-x); e^-x = inf (x < -88.7) gives 0, as it should.
+// The hardware reciprocal (cuda_utils.cuh, about 1 ulp like __expf), keeping a subnormal
+// sigmoid (x from -88.7 to -87.3) as torch does: times a huge up (|u| > 1e30) it is an ordinary
+// number. 1 / inf = 0.
+__device__ __forceinline__ float sigmoid(float x) { return rcp_approx_keep_subnormal(1.0f + __expf(-x)); }
 __device__ __forceinline__ double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-__device__ __forceinline__ float rcp_acc(float x) { return rcp_approx(x); }
+__device__ __forceinline__ float rcp_acc(float x) { return rcp_approx_keep_subnormal(x); }
 __device__ __forceinline__ double rcp_acc(double x) { return 1.0 / x; }
 // s = sigmoid(x) and c = 1 - s, each with a small relative error: for x >= 0, 1 - s would
 // cancel (it is e^-x s); for x < 0, e^-x may be inf while 1 - s is exact enough.
