@@ -1,9 +1,11 @@
 """The ops on DTensors (torch.distributed.tensor), as tensor and sequence parallelism run them:
 two CPU processes over gloo, every case against the same op on the whole tensors, the
-placements against torch's own ops where torch has one.
+placements against torch's own ops where torch has one. On a GPU the same cases run over NCCL
+on up to two GPUs (one GPU: a mesh of one, which still takes every op through DTensor's
+dispatch and the CUDA kernels).
 
-The processes start once for the module (about as long as the cases take) and run every case;
-each test reports its own case's outcome."""
+The processes start once for the module and device (about as long as the cases take) and run
+every case; each test reports its own case's outcome."""
 
 import faulthandler
 import json
@@ -19,16 +21,20 @@ import torch
 import torch.distributed as dist
 
 import fusedops
+from conftest import device_params
 
-WORLD = 2
+WORLD = 2  # on the CPU; on CUDA as many GPUs as there are, up to this
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(),
     reason="this torch build has no torch.distributed with gloo",
 )
 
 
+_DEVICE = "cpu"  # (set by each worker process)
+
+
 def _rand(*shape):
-    return torch.randn(*shape)
+    return torch.randn(*shape, device=_DEVICE)
 
 
 @dataclass
@@ -101,7 +107,7 @@ def _rope_cases():
     cos, sin = _rand(B, S, R), _rand(B, S, R)
     one = dict(sharded=(0, 1), differentiable=(0, 1), placements=("S0", "S1", "S2", "R"))
     table_cos, table_sin = _rand(10, R), _rand(10, R)
-    positions = torch.randint(0, 10, (B, S))
+    positions = torch.randint(0, 10, (B, S), device=_DEVICE)
     return {
         "rope-bhsd": Case(fusedops.rope, (q, k, cos, sin), **one),
         "rope-bhsd-shared-tables": Case(fusedops.rope, (q, k, cos[:1], sin[:1]), **one),
@@ -146,13 +152,14 @@ REFUSED = {  # (each given a function placing a whole tensor as Shard(0))
         place(_rand(4, 2, 6, 16)), place(_rand(4, 2, 6, 16)), place(_rand(4, 6, 16)), place(_rand(4, 6, 16))
     ),
     "cross_entropy": lambda place: fusedops.cross_entropy(
-        place(_rand(4, 32)), place(torch.zeros(4, dtype=torch.long))
+        place(_rand(4, 32)), place(torch.zeros(4, dtype=torch.long, device=_DEVICE))
     ),
 }
 
 
 COMPILED = "torch.compile-fullgraph"
-ALL_CASES = CASES + MODULE_CASES + list(REFUSED) + [COMPILED]
+BAD_POSITION = "rope-bad-position"
+ALL_CASES = CASES + MODULE_CASES + list(REFUSED) + [COMPILED, BAD_POSITION]
 
 
 def _placement(code):
@@ -217,6 +224,30 @@ def _run_refused_case(mesh, name):
         REFUSED[name](lambda t: distribute_tensor(t, mesh, [Shard(0)]))
 
 
+def _run_bad_position_case(mesh):
+    """A position outside the tables raises its ValueError for DTensor arguments as for plain
+    ones, naming the same entry on every rank (the positions are replicated): on the CPU in the
+    call; on a GPU in the call with check_positions="sync", and by default in the next checked
+    call once the GPU has finished (the flag each rank reads is its own copy)."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    torch.manual_seed(4)
+    q, k, cos, sin = _rand(2, 4, 6, 16), _rand(2, 2, 6, 16), _rand(10, 16), _rand(10, 16)
+    bad = torch.randint(0, 10, (2, 6), device=_DEVICE)
+    bad[1, 3] = 10
+    qd, kd = (distribute_tensor(t, mesh, [Shard(1)]) for t in (q, k))
+    cd, sd, pd, good = (distribute_tensor(t, mesh, [Replicate()]) for t in (cos, sin, bad, bad % 10))
+    message = r"rope: position_ids\[1, 3\] = 10 is outside the cos/sin tables' 10 rows"
+    with pytest.raises(ValueError, match=message):
+        fusedops.rope(qd, kd, cd, sd, position_ids=pd, check_positions="sync")
+    if _DEVICE == "cuda":
+        fusedops.rope(qd, kd, cd, sd, position_ids=pd)
+        torch.cuda.synchronize()
+        with pytest.raises(ValueError, match=message + r" \(found after that earlier call returned"):
+            fusedops.rope(qd, kd, cd, sd, position_ids=good)
+        fusedops.rope(qd, kd, cd, sd, position_ids=good)  # (reported once)
+
+
 def _run_compiled_case(mesh):
     """torch.compile(fullgraph=True) over ops on DTensors: one graph, the eager values."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -258,14 +289,14 @@ def _run_module_case(mesh, name):
     torch.manual_seed(1)
     x = _rand(2, 8, 32)
     if name == "SwiGLUMLP-tensor-parallel":
-        ours = fusedops.nn.SwiGLUMLP(32, 64)
+        ours = fusedops.nn.SwiGLUMLP(32, 64, device=_DEVICE)
 
         class TorchMLP(torch.nn.Module):
             def __init__(self):
                 super().__init__()
-                self.gate_proj = torch.nn.Linear(32, 64, bias=False)
-                self.up_proj = torch.nn.Linear(32, 64, bias=False)
-                self.down_proj = torch.nn.Linear(64, 32, bias=False)
+                self.gate_proj = torch.nn.Linear(32, 64, bias=False, device=_DEVICE)
+                self.up_proj = torch.nn.Linear(32, 64, bias=False, device=_DEVICE)
+                self.down_proj = torch.nn.Linear(64, 32, bias=False, device=_DEVICE)
 
             def forward(self, x):
                 return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -274,7 +305,7 @@ def _run_module_case(mesh, name):
         plan = {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(), "down_proj": RowwiseParallel()}
     else:
         cls = name.split("-")[0]
-        ours, theirs = getattr(fusedops.nn, cls)(32), getattr(torch.nn, cls)(32)
+        ours, theirs = getattr(fusedops.nn, cls)(32, device=_DEVICE), getattr(torch.nn, cls)(32, device=_DEVICE)
         plan = SequenceParallel()  # (each rank's x is its shard of the sequence)
     with torch.no_grad():
         for p in ours.parameters():
@@ -300,15 +331,19 @@ def _run_module_case(mesh, name):
         )
 
 
-def _worker(rank, port, out_dir):
+def _worker(rank, device, world, port, out_dir):
+    global _DEVICE
+    _DEVICE = device
     faulthandler.enable()  # (a worker that crashes prints where, into the fixture's captured output)
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=False)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", store=store, rank=rank, world_size=world)
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (WORLD,))
+    mesh = init_device_mesh(device, (world,))
     cases = _cases()
     outcome = {}
     for name in ALL_CASES:
@@ -319,6 +354,8 @@ def _worker(rank, port, out_dir):
                 _run_refused_case(mesh, name)
             elif name == COMPILED:
                 _run_compiled_case(mesh)
+            elif name == BAD_POSITION:
+                _run_bad_position_case(mesh)
             else:
                 _run_module_case(mesh, name)
             outcome[name] = None
@@ -334,15 +371,19 @@ def _worker(rank, port, out_dir):
     os._exit(0)
 
 
-@pytest.fixture(scope="module")
-def outcomes(tmp_path_factory):
+@pytest.fixture(scope="module", params=device_params())
+def outcomes(request, tmp_path_factory):
     import torch.multiprocessing as mp
 
-    out_dir = tmp_path_factory.mktemp("dtensor")
+    device = request.param
+    if device == "cuda" and not dist.is_nccl_available():
+        pytest.skip("this torch build has no NCCL")
+    world = WORLD if device == "cpu" else min(WORLD, torch.cuda.device_count())
+    out_dir = tmp_path_factory.mktemp(f"dtensor-{device}")
     # (the store lives here, on a port the system picks: no port to collide, no file to race on)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    mp.spawn(_worker, args=(store.port, str(out_dir)), nprocs=WORLD, join=True)
-    ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    mp.spawn(_worker, args=(device, world, store.port, str(out_dir)), nprocs=world, join=True)
+    ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
     return {name: [o[name] for o in ranks if o[name] is not None] for name in ranks[0]}
 
 
