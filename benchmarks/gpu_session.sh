@@ -18,6 +18,10 @@ OUT=${OUT:-$PWD/gpu-out}
 STEPS=${STEPS:-build,test,sanitize,bench}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# The GPU machine's CXX (/opt/gcc/bin/g++) links libstdc++ statically, which CMakeLists.txt
+# refuses (a build with it crashed on the first bad argument, 2026-12-04): use the system g++,
+# for the build and for what Inductor compiles while the tests run (AOTInductor's packages).
+[ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 status=0
 if [ -d .whl ]; then
@@ -32,9 +36,6 @@ if [ -n "${WHEEL:-}" ]; then
   export PYTHONPATH=/tmp/fusedops-wheel${PYTHONPATH:+:$PYTHONPATH}
   python3 -m fusedops 2>&1 | tee "$OUT/selfcheck.log" | tail -25
 elif has build; then
-  # The GPU machine's CXX (/opt/gcc/bin/g++) links libstdc++ statically, which CMakeLists.txt
-  # refuses (a build with it crashed on the first bad argument, 2026-12-04): use the system g++.
-  [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
   TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} FUSEDOPS_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} \
     python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   grep -E "spill|warning" "$OUT/build.log" | head -5

@@ -221,6 +221,18 @@ __device__ __forceinline__ A vec_sum(const V& v, A mu, bool squared) {
   return s;
 }
 
+// Where layer_norm's row sums start: the row's first value for float32 (and float64) rows, whose
+// mean is then x0 + mean(x - x0); 0 for 16-bit rows. A float32 row whose |mean| is far above its
+// spread would otherwise lose the mean in the raw sum's roundings (1e5 + N(0, 1), 40960 values:
+// off by up to three half-units of 1e5's last place, and every output with it; H100,
+// 2026-12-05). A 16-bit row's own rounding (2^-9 of |x|) is far coarser than that, and its
+// forward is bound by instruction issue (an extra subtraction a value is not free there).
+template <typename T, typename A>
+__device__ __forceinline__ A sum_origin(const T* xr, bool active) {
+  if constexpr (sizeof(T) >= sizeof(float)) return active ? A(xr[0]) : A(0);
+  else return A(0);
+}
+
 // rms_norm's 16-bit rows with 16-bit parameters: two vectors a thread at six blocks an SM.
 // What decides its speed is the warps in flight more than the vectors a thread: its forward at
 // two vectors took 48 registers left alone (five blocks), as at four, and four vectors were
@@ -338,11 +350,12 @@ __global__ void __launch_bounds__(kBlock, kForwardMinBlocks<C, VPT>)
     // in two passes of divisions (3.49 -> 3.69 TB/s at 32768x4096 bf16,
     // benchmarks/layer_norm_forward_variants.cu). Converting x to float once instead needs 56
     // registers a thread, four blocks an SM, and was slower (3.31).
+    const A x0 = sum_origin<T, A>(xr, active);
     A s = 0;
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
-      if (in_row(i)) s += vec_sum<A, VEC>(xv[i], A(0), false);
-    const A mu = group_sum<TPR>(s, scratch[1]) * inv_n;
+      if (in_row(i)) s += vec_sum<A, VEC>(xv[i], x0, false);
+    const A mu = x0 + group_sum<TPR>(s, scratch[1]) * inv_n;
     A ss = 0;
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
@@ -416,10 +429,11 @@ __global__ void __launch_bounds__(kSweepThreads)
   const int64_t step = int64_t(blockDim.x) * VEC;
   A mu = 0;
   if constexpr (C::centered) {
+    const A x0 = sum_origin<T, A>(xr, active);
     A s = 0;
     if (active)
-      for (int64_t col = threadIdx.x * VEC; col < n; col += step) s += vec_sum<A, VEC>(values(col), A(0), false);
-    mu = row_sum(s, scratch) / A(n);
+      for (int64_t col = threadIdx.x * VEC; col < n; col += step) s += vec_sum<A, VEC>(values(col), x0, false);
+    mu = x0 + row_sum(s, scratch) / A(n);
   }
   A ss = 0;
   if (active) {
@@ -660,18 +674,19 @@ __device__ __forceinline__ void cluster_sum(A (&v)[K], A* warps, ClusterInbox<A,
 // update of Chan, Golub and LeVeque: m2 = sum_b m2_b + sum_b count_b (mean_b - mean)^2), so every
 // block gets the same totals, bit for bit, as stable as the two-pass form. `count`: this
 // block's number of values, the same in each of its threads; `thread_sum(mu, squared)`: this
-// thread's sum of x - mu, or of its squares. `warps` holds 2 x kClusterThreads / 32 values,
-// `totals` 2.
+// thread's sum of x - mu, or of its squares; `origin`: where the sums start, the same in every
+// block (sum_origin). `warps` holds 2 x kClusterThreads / 32 values, `totals` 2.
 template <typename A, typename ThreadSum>
-__device__ __forceinline__ void cluster_moments(A count, const ThreadSum& thread_sum, A* warps, ClusterInbox<A, 3>& box,
-                                                int exchange, A* totals, A& mean, A& m2) {
+__device__ __forceinline__ void cluster_moments(A count, A origin, const ThreadSum& thread_sum, A* warps,
+                                                ClusterInbox<A, 3>& box, int exchange, A* totals, A& mean,
+                                                A& m2) {
   constexpr int kWarps = kClusterThreads / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  A s = warp_sum(thread_sum(A(0), false));
+  A s = warp_sum(thread_sum(origin, false));
   if (lane == 0) warps[warp] = s;
   __syncthreads();
-  s = warp_sum(lane < kWarps ? warps[lane] : A(0));  // the block's sum, in every thread
-  A q = warp_sum(thread_sum(count > A(0) ? s / count : A(0), true));
+  s = warp_sum(lane < kWarps ? warps[lane] : A(0));  // the block's sum from origin, in every thread
+  A q = warp_sum(thread_sum(origin + (count > A(0) ? s / count : A(0)), true));
   if (lane == 0) warps[kWarps + warp] = q;
   __syncthreads();
   if (warp == 0) {
@@ -680,11 +695,11 @@ __device__ __forceinline__ void cluster_moments(A count, const ThreadSum& thread
     A got[3];
     cluster_exchange(mine, got, box, exchange);
     const A c = got[0], sb = got[1], qb = got[2];
-    const A mu = warp_sum(sb) / warp_sum(c);
+    const A mu = warp_sum(sb) / warp_sum(c);  // from origin
     const A d = c > A(0) ? sb / c - mu : A(0);  // block lane's mean, as that block computed it, less mu
     const A m = warp_sum(qb + c * d * d);
     if (lane == 0) {
-      totals[0] = mu;
+      totals[0] = origin + mu;
       totals[1] = m;
     }
   }
@@ -840,7 +855,8 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
     A mu = 0;
     A v[1];
     if constexpr (C::centered) {
-      cluster_moments(A(len), thread_sum, warps, box, it, totals, mu, v[0]);
+      cluster_moments(A(len), sum_origin<T, A>(a.x + rows.offset(row), true), thread_sum, warps, box, it, totals,
+                      mu, v[0]);
     } else {
       v[0] = thread_sum(A(0), true);
       cluster_sum(v, warps, box, it, totals);

@@ -318,7 +318,12 @@ def _fwd_fused_kernel(
         x = _add_residual(x, R, r_off[:, None] + cols[None, :], H, h_off[:, None] + cols[None, :], mask, ACC)
 
     if CENTERED:
-        mean = tl.sum(x, axis=1) / N
+        if X.dtype.element_ty.primitive_bitwidth >= 32:
+            # Summed from the row's first value (csrc's sum_origin says why; not 16-bit rows)
+            x0 = tl.load(X + x_off, mask=row_mask, other=0.0).to(ACC)
+            mean = x0 + tl.sum(tl.where(mask, x - x0[:, None], 0.0), axis=1) / N
+        else:
+            mean = tl.sum(x, axis=1) / N
         # Padding lanes would hold -mean: keep them at 0 so that they add nothing
         # to the variance.
         x = tl.where(mask, x - mean[:, None], 0.0)
@@ -416,6 +421,11 @@ def _fwd_looped_kernel(
 
     sq = tl.zeros([BLOCK_N], dtype=ACC)
     if CENTERED:
+        # Summed from the row's first value (csrc's sum_origin says why; not 16-bit rows)
+        if X.dtype.element_ty.primitive_bitwidth >= 32:
+            x0 = tl.load(x_row).to(ACC)
+        else:
+            x0 = tl.zeros([], dtype=ACC)
         s = tl.zeros([BLOCK_N], dtype=ACC)
         for start in range(0, N, BLOCK_N):
             c = start + cols
@@ -423,8 +433,10 @@ def _fwd_looped_kernel(
             x = tl.load(x_row + c, mask=m, other=0.0).to(ACC)
             if HAS_RESIDUAL:
                 x = _add_residual(x, R, r_off + c, H, h_off + c, m, ACC)
+            if X.dtype.element_ty.primitive_bitwidth >= 32:
+                x = tl.where(m, x - x0, 0.0)
             s += x
-        mean = tl.sum(s, axis=0) / N
+        mean = x0 + tl.sum(s, axis=0) / N
         tl.store(MEAN + row, mean)
         if HAS_RESIDUAL:
             # The next sweep reads h, possibly stored by other threads.
