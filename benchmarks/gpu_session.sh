@@ -8,7 +8,8 @@
 # this tree's Python package copied over the wheel's.
 # PARALLEL=1 runs the two backends' suites (and sanitizer runs) side by side, so that a step of
 # both fits one 10-minute call: on the H200 (141 GB); on an H100 (80 GB), two suites of 7 workers
-# each ran out of GPU memory (2026-12-05), one suite of 6 did not. XDIST=N spreads each backend's test suite over N pytest-xdist
+# each ran out of GPU memory (2026-12-05), and two of 4 did in test_dtensor's spawned processes
+# and took 400 s (2026-12-06); one suite of 6 did not. XDIST=N spreads each backend's test suite over N pytest-xdist
 # workers (the GPU machine's image has pytest-xdist): on the H200 (2026-12-03) the Triton suite
 # took 141 s at 14 workers, where one process beside the CUDA suite had done two thirds of it in
 # 480 s (the CUDA suite alone: 438 s). The sanitizer runs stay in one process. Peers that are
@@ -20,7 +21,8 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # The GPU machine's CXX (/opt/gcc/bin/g++) links libstdc++ statically, which CMakeLists.txt
 # refuses (a build with it crashed on the first bad argument, 2026-12-04): use the system g++,
-# for the build and for what Inductor compiles while the tests run (AOTInductor's packages).
+# for the build and for what Inductor compiles while the tests run: an AOTInductor package
+# of fusedops modules compiled by the default one crashed loading; by this one it passed (H100).
 [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 status=0
