@@ -135,9 +135,13 @@ def _rope_cases():
 
 
 def _cases():
-    torch.manual_seed(0)  # (the same tensors on every rank)
+    # The same tensors on every rank, without moving the caller's generator (the module builds
+    # them once at import too, for the case names).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        built = {**_norm_cases(), **_gated_cases(), **_rope_cases()}
     cases = {}
-    for name, case in {**_norm_cases(), **_gated_cases(), **_rope_cases()}.items():
+    for name, case in built.items():
         for p in case.placements:
             cases[f"{name}-{p}"] = (case, p)
     return cases
@@ -346,7 +350,10 @@ def _worker(rank, device, world, port, out_dir):
     mesh = init_device_mesh(device, (world,))
     cases = _cases()
     outcome = {}
-    for name in ALL_CASES:
+    for index, name in enumerate(ALL_CASES):
+        # Every rank draws the same numbers in a case (its gradients, say), whatever ran before:
+        # one rank's failure alone would leave the other waiting in a collective.
+        torch.manual_seed(index)
         try:
             if name in cases:
                 _run_op_case(mesh, *cases[name])
