@@ -46,6 +46,34 @@ def test_wrong_trailing_shape(ours):
         ours(16)(torch.randn(2, 8))
 
 
+def test_add_rms_norm_without_weight_checks_the_width():
+    """As RMSNorm(elementwise_affine=False): with no weight to catch it, the module itself does."""
+    with pytest.raises(ValueError, match=r"AddRMSNorm: input's trailing shape \[8\] does not match hidden_size 16"):
+        fusedops.nn.AddRMSNorm(16, elementwise_affine=False)(torch.randn(2, 8), torch.randn(2, 8))
+
+
+@pytest.mark.parametrize("module, args", [
+    (fusedops.nn.RMSNorm(4), ()), (fusedops.nn.RMSNorm(4, eps=None), ()), (fusedops.nn.LayerNorm(4), ()),
+    (fusedops.nn.AddRMSNorm(4, eps=None), (torch.randn(2, 4),)),
+])
+def test_norm_modules_name_a_non_tensor_input(module, args):
+    """A TypeError naming the argument (as torch's modules give), not a missing attribute."""
+    name = type(module).__name__
+    with pytest.raises(TypeError, match=rf"{name}: input must be a Tensor, got list"):
+        module([[1.0] * 4], *args)
+    if args:
+        with pytest.raises(TypeError, match=rf"{name}: residual must be a Tensor, got NoneType"):
+            module(torch.randn(2, 4), None)
+
+
+def test_linear_cross_entropy_from_linear_takes_loss_options_only():
+    linear = torch.nn.Linear(4, 6)
+    with pytest.raises(TypeError, match=r"from_linear: device is linear's .* pass only loss options"):
+        fusedops.nn.LinearCrossEntropyLoss.from_linear(linear, device="cpu")
+    module = fusedops.nn.LinearCrossEntropyLoss.from_linear(linear, reduction="sum")
+    assert module.weight is linear.weight and module.reduction == "sum"
+
+
 @pytest.mark.parametrize("ours", [fusedops.nn.RMSNorm, fusedops.nn.LayerNorm])
 def test_empty_normalized_shape(ours):
     """As torch: a module of normalized_shape () constructs, and refuses every input."""

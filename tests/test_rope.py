@@ -557,6 +557,13 @@ def test_rotary_embedding_module_behaviour():
         fusedops.nn.RotaryEmbedding(64, rope_scaling={"rope_type": "yarn", "factor": 2.0})
     with pytest.raises(ValueError, match=r"RotaryEmbedding: llama3 rope_scaling needs 'low_freq_factor'"):
         fusedops.nn.RotaryEmbedding(64, rope_scaling={"rope_type": "llama3", "factor": 8.0})
+    # (the device given one place early lands in rope_scaling)
+    with pytest.raises(TypeError, match=r"RotaryEmbedding: rope_scaling must be a dict .* or None, got str"):
+        fusedops.nn.RotaryEmbedding(64, 2048, 10000.0, "cpu")
+    # On the meta device, where a model is built for its shapes (no autocast there to turn off).
+    meta = fusedops.nn.RotaryEmbedding(64, device="meta")
+    cos, sin = meta(torch.empty(2, 5, 8, device="meta", dtype=torch.bfloat16), torch.arange(5, device="meta")[None])
+    assert cos.shape == sin.shape == (1, 5, 64) and cos.dtype == torch.bfloat16 and cos.device.type == "meta"
     x = torch.randn(1, 3, 8)
     cos, sin = torch.compile(rot, fullgraph=True)(x, torch.arange(3)[None])
     torch.testing.assert_close(cos, rot(x, torch.arange(3)[None])[0])

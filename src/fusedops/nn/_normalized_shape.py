@@ -6,6 +6,13 @@ from typing import Callable, Optional, Sequence
 from torch import Tensor
 
 
+def require_tensor(module: str, name: str, value) -> None:
+    """The TypeError torch's modules give for a forward argument that is not a tensor, before
+    anything reads its attributes (which would fail naming none)."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{module}: {name} must be a Tensor, got {type(value).__name__}")
+
+
 def apply_over_trailing(
     norm: Callable[..., Tensor],
     module: str,
@@ -18,6 +25,7 @@ def apply_over_trailing(
     """``norm(input, *params, eps, *options)`` over the trailing ``normalized_shape`` of ``input``: those
     dimensions are flattened into one (a copy only if they cannot be viewed as one), the
     parameters likewise, and the result is viewed back to ``input``'s shape."""
+    require_tensor(module, "input", input)
     k = len(normalized_shape)
     if k == 0:  # (as torch's norms: at call time, not at construction)
         raise ValueError(f"{module}: normalized_shape must have at least one dimension, got []")

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from ..functional import add_rms_norm, add_rms_norm_
+from ._normalized_shape import require_tensor
 from .rms_norm import _default_eps
 
 
@@ -53,6 +54,14 @@ class AddRMSNorm(torch.nn.Module):
             torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, input: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
+        require_tensor("AddRMSNorm", "input", input)
+        require_tensor("AddRMSNorm", "residual", residual)
+        if self.weight is None and input.shape[-1:] != (self.hidden_size,):
+            # (with a weight, the op's own check of its size says this)
+            raise ValueError(
+                f"AddRMSNorm: input's trailing shape {list(input.shape[-1:])} does not match hidden_size "
+                f"{self.hidden_size}"
+            )
         eps = _default_eps(input.dtype) if self.eps is None else self.eps
         args = (input, residual, self.weight, eps, self.offset, self.cast_before_weight)
         if self.inplace and not (torch.is_grad_enabled() and self._wants_grad(input, residual)):

@@ -77,7 +77,14 @@ class LinearCrossEntropyLoss(torch.nn.Module):
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, **loss_options) -> "LinearCrossEntropyLoss":
-        """A module that uses ``linear``'s parameters themselves (tied embeddings stay tied)."""
+        """A module that uses ``linear``'s parameters themselves (tied embeddings stay tied);
+        ``loss_options`` are the constructor's loss options."""
+        for name in ("hidden_size", "vocab_size", "bias", "device", "dtype"):
+            if name in loss_options:
+                raise TypeError(
+                    f"LinearCrossEntropyLoss.from_linear: {name} is linear's (the module shares its parameters); "
+                    "pass only loss options"
+                )
         module = cls(1, 1, bias=False, device="meta", **loss_options)
         module.hidden_size, module.vocab_size = linear.in_features, linear.out_features
         module.weight = linear.weight

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ..functional import rms_norm
-from ._normalized_shape import apply_over_trailing
+from ._normalized_shape import apply_over_trailing, require_tensor
 
 
 _FLOAT32_EPS = torch.finfo(torch.float32).eps
@@ -69,6 +69,7 @@ class RMSNorm(torch.nn.Module):
             torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, input: Tensor) -> Tensor:
+        require_tensor("RMSNorm", "input", input)
         eps = _default_eps(input.dtype) if self.eps is None else self.eps
         options = (self.offset, self.cast_before_weight, self.save_output)
         return apply_over_trailing(rms_norm, "RMSNorm", input, self.normalized_shape, (self.weight,), eps, options)

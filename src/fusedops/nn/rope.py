@@ -1,8 +1,10 @@
 """fusedops.nn.RotaryEmbedding: the cos/sin tables of Hugging Face's LlamaRotaryEmbedding, to
 feed fusedops.rope."""
 
+import contextlib
 import math
 import operator
+from collections.abc import Mapping
 from typing import Optional
 
 import torch
@@ -71,6 +73,11 @@ class RotaryEmbedding(torch.nn.Module):
         self.dim = dim
         self.max_position_embeddings = max_position_embeddings
         self.base = float(base)
+        if rope_scaling is not None and not isinstance(rope_scaling, Mapping):
+            raise TypeError(
+                f"RotaryEmbedding: rope_scaling must be a dict (a model config's rope_scaling) or None, "
+                f"got {type(rope_scaling).__name__}"
+            )
         scaling = dict(rope_scaling or {})
         self.rope_type = scaling.get("rope_type", scaling.get("type", "default"))
         self.rope_scaling = rope_scaling
@@ -103,7 +110,14 @@ class RotaryEmbedding(torch.nn.Module):
 
     def forward(self, x: Tensor, position_ids: Tensor):
         """``(cos, sin)`` of shape ``(B, S, dim)`` in x's dtype for ``position_ids`` ``(B, S)``."""
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        # (no autocast context where the device has none: "meta", where models are built for shapes)
+        device_type = x.device.type
+        no_autocast = (
+            torch.autocast(device_type=device_type, enabled=False)
+            if torch.amp.is_autocast_available(device_type)
+            else contextlib.nullcontext()
+        )
+        with no_autocast:
             angles = position_ids[..., None].to(torch.float32) * self.inv_freq.to(torch.float32)
             angles = torch.cat((angles, angles), dim=-1)
             cos = angles.cos() * self.attention_scaling
