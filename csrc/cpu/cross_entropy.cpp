@@ -256,7 +256,10 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
       lse_out[i] = lse;
       loss_rows[i] = p.reduction == Reduction::kMean ? ce * a.sw + zl * a.sn : ce + zl;
       if (g == nullptr) continue;
-      const A cp = ((A(1) - a.eps) * wt + a.eps * W_sum * inv_v) * a.sw + A(2) * a.z * lse * a.sn;
+      // (the weights' sum only when smoothing: torch reads no other class's weight without it,
+      // and an inf one, 1 / count for a class no row has, would make every gradient 0 * inf)
+      const A smoothed = a.eps > A(0) ? a.eps * W_sum * inv_v : A(0);
+      const A cp = ((A(1) - a.eps) * wt + smoothed) * a.sw + A(2) * a.z * lse * a.sn;
       const A ct = (A(1) - a.eps) * wt * a.sw;
       const A cw = a.eps * inv_v * a.sw;
       if (!smooth) {

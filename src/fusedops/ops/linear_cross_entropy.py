@@ -464,7 +464,8 @@ def _finish_rows(stats, t, class_weight, V, ignore_index, reduction, eps, z, gra
     else:
         sw = sn = torch.ones((), dtype=acc, device=stats.device)
         loss = (ce + zl).sum() if reduction == "sum" else ce + zl
-    cp = ((1.0 - eps) * wt + (eps / V) * W) * sw + (2.0 * z) * lse * sn
+    # (W only when smoothing: an inf class weight no row targets must not reach the gradient)
+    cp = ((1.0 - eps) * wt + ((eps / V) * W if eps > 0 else 0.0)) * sw + (2.0 * z) * lse * sn
     ct = (1.0 - eps) * wt * sw
     cw = ((eps / V) * sw).expand_as(lse)
     coefs = torch.stack((m, torch.where(kept, cp / s, zero), ct, cw), 1)
