@@ -97,14 +97,17 @@ def test_outputs_keep_dense_strides(device):
     # Broadcast (stride-0) dimensions keep their places, as in torch's elementwise results: an
     # expanded batch or head dimension gives a contiguous output, whatever the layout, and the
     # fake kernel agrees with the real one.
+    # (bshd with expanded heads or positions: one copy of the output, from the op's (B, H, S) order)
     expanded_inputs = (
         (torch.randn(1, 5, 4, 16, device=device).expand(2, 5, 4, 16), "bshd"),
+        (torch.randn(2, 5, 1, 16, device=device).expand(2, 5, 4, 16), "bshd"),
+        (torch.randn(2, 1, 4, 16, device=device).expand(2, 5, 4, 16), "bshd"),
         (torch.randn(2, 1, 5, 16, device=device).expand(2, 4, 5, 16), "bhsd"),
     )
     for expanded, layout in expanded_inputs:
         k_in = k.transpose(1, 2) if layout == "bshd" else k
         q_out, _ = fusedops.rope(expanded, k_in, c, s, layout=layout)
-        assert q_out.stride() == torch.empty_like(expanded).stride(), layout
+        assert q_out.stride() == torch.empty_like(expanded).stride(), (layout, expanded.stride())
         as_bhsd = expanded.transpose(1, 2) if layout == "bshd" else expanded
         torch.testing.assert_close(q_out if layout == "bhsd" else q_out.transpose(1, 2),
                                    reference(as_bhsd, k, c, s)[0])
@@ -112,6 +115,21 @@ def test_outputs_keep_dense_strides(device):
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             fake = torch.ops.fusedops.rope(*(mode.from_tensor(a) for a in (as_bhsd, k, c, s)))[0]
         assert fake.stride() == real.stride(), layout
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_thd_expanded_heads_give_a_contiguous_output(device):
+    """Packed tokens (T, H, D) whose heads are one expanded head: the output is (T, H, D)
+    contiguous, as torch's elementwise ops give, and right."""
+    T, H, D = 6, 4, 16
+    q = torch.randn(T, 1, D, device=device).expand(T, H, D)
+    k = torch.randn(T, 2, D, device=device)
+    c, s = torch.randn(T, D, device=device), torch.randn(T, D, device=device)
+    q_out, k_out = fusedops.rope(q, k, c, s, layout="thd")
+    assert q_out.is_contiguous() and k_out.is_contiguous()
+    expected = reference(q.transpose(0, 1)[None], k.transpose(0, 1)[None], c[None], s[None])
+    torch.testing.assert_close(q_out, expected[0][0].transpose(0, 1))
+    torch.testing.assert_close(k_out, expected[1][0].transpose(0, 1))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -318,13 +318,21 @@ def _rope_views(op, q, k, cos, sin, layout, position_ids):
     raise ValueError(f"{op}: layout must be 'bhsd', 'bshd' or 'thd', got {layout!r}")
 
 
-def _rope_back(t, layout):
+def _rope_back(t, layout, given):
+    """The op's output `t` in the caller's layout, for the caller's input `given`."""
     if layout == "bhsd":
         return t
     if layout == "bshd":
-        return t.transpose(1, 2)
-    # squeeze, not [0]: indexing's backward would allocate and fill a zeroed copy of the gradient.
-    return t.transpose(1, 2).squeeze(0)
+        out = t.transpose(1, 2)
+    else:
+        # squeeze, not [0]: indexing's backward would allocate and fill a zeroed copy of the gradient.
+        out = t.transpose(1, 2).squeeze(0)
+    # The op keeps an expanded (stride-0) dimension in its place in the (B, H, S) view it was
+    # given, which in the caller's layout is out of order: copied to the contiguous output a
+    # caller expects, as torch's elementwise ops give (one more pass, for expanded inputs only).
+    if any(st == 0 and n > 1 for n, st in zip(given.shape[:-1], given.stride()[:-1])):
+        out = out.contiguous()
+    return out
 
 
 def _rope_position_check(op, q, position_ids, check_positions):
@@ -395,7 +403,7 @@ def rope(
             q_out, k_out, bad = _rope_op(q4, k4, cos4, sin4, pos, interleaved)
         if gpu_check is not None:
             gpu_check.finish(bad, _rope.position_message("rope", pos, cos4.shape[0]))
-        return _rope_back(q_out, layout), _rope_back(k_out, layout)
+        return _rope_back(q_out, layout, q), _rope_back(k_out, layout, k)
     except Exception:  # (re-raised below)
         _name_the_mistyped_argument(rope, locals())
         raise

@@ -23,6 +23,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -304,6 +305,12 @@ Tensor rope_inplace(Tensor q, Tensor k, Tensor cos, Tensor sin, std::optional<Te
                  "so it cannot be written in place; pass a contiguous k");
   FUSEDOPS_CHECK(overlap(q, k) == Overlap::kNone, "rope_: q and k share memory (the same tensor, or overlapping views), "
                  "so they cannot both be rotated in place; pass tensors that do not overlap");
+  // The tables are read while q and k are written: a table inside either would be read half
+  // rotated.
+  for (const auto& [table, name] : {std::pair<const Tensor*, const char*>{&cos, "cos"}, {&sin, "sin"}})
+    for (const auto& [written, wname] : {std::pair<const Tensor*, const char*>{&q, "q"}, {&k, "k"}})
+      FUSEDOPS_CHECK(overlap(*table, *written) == Overlap::kNone, "rope_: ", name, " shares memory with ", wname,
+                     ", which is rotated in place; pass a ", name, " that does not overlap q or k (a clone)");
   Tensor bad = new_bad_position(p, q);
   if (p.empty()) return bad;
   // In place, into q and k themselves or (strided last dimension) into their copies, which are

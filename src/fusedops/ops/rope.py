@@ -156,6 +156,14 @@ def check_forward(q, k, cos, sin, position_ids=None, op="rope"):
                 "rope_: q and k share memory (the same tensor, or overlapping views), so they cannot both be "
                 "rotated in place; pass tensors that do not overlap"
             )
+        # (the tables are read while q and k are written: one inside either would be read half rotated)
+        for name, table in (("cos", cos), ("sin", sin)):
+            for written_name, written in (("q", q), ("k", k)):
+                if _norm.overlap(table, written) is not None:
+                    raise ValueError(
+                        f"rope_: {name} shares memory with {written_name}, which is rotated in place; pass a "
+                        f"{name} that does not overlap q or k (a clone)"
+                    )
 
 
 def check_backward(grad_q_out, grad_k_out, cos, sin, position_ids):

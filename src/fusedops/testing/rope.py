@@ -199,6 +199,12 @@ def error_samples(device):
         for q_, k_, desc in ((q, q, "q is k"), (buf[:320].view(2, 4, 5, 8), buf[40:].view(2, 4, 5, 8), "q overlaps k")):
             yield bad((q_, k_, c, s), r"rope_: q and k share memory \(the same tensor, or overlapping views\), so they "
                       r"cannot both be rotated in place", "in-place " + desc, op=_op.forward_)
+        # A table inside q or k would be read half rotated.
+        q_, k_ = q.clone(), k.clone()
+        yield bad((q_, k_, q_[1, 2][None], s), r"rope_: cos shares memory with q, which is rotated in place; pass a "
+                  r"cos that does not overlap q or k", "in-place cos inside q", op=_op.forward_)
+        yield bad((q_, k_, c, k_[0, 1][None]), r"rope_: sin shares memory with k, which is rotated in place",
+                  "in-place sin inside k", op=_op.forward_)
     # The backward op checks the gradients against each other and the tables.
     bwd = _op.backward
     for args, match, desc in [
