@@ -4,6 +4,7 @@ On CUDA the suites test whichever backend serves the op in this process: run the
 (the CUDA kernels) and once with FUSEDOPS_BACKEND=triton."""
 
 import inspect
+from typing import Optional
 
 import pytest
 import torch
@@ -155,21 +156,27 @@ def test_public_function_names_a_non_tensor(info):
 
 @pytest.mark.parametrize("info", OPS)
 def test_public_function_names_a_mistyped_option(info):
-    """None for a str or float option of the public function raises TypeError naming it, where
-    the schema's own cast would say only which type it expected. (The sample's leading arguments
-    fill the function's required parameters; each option goes by keyword.)"""
+    """None for a str, float or int option of the public function (a str for an optional float
+    or int) raises TypeError naming it, where the schema's own cast or a comparison would say
+    only which type it expected. (The sample's leading arguments fill the function's required
+    parameters; each option goes by keyword.)"""
     function = getattr(fusedops, info.name)
     params = inspect.signature(function).parameters
     required = [p for p in params.values() if p.default is inspect.Parameter.empty]
     sample = next(iter(info.samples("cpu", torch.float32, requires_grad=False)))
     args = sample.args[: len(required)]
     function(*args)  # (the call is good as it is)
-    options = [name for name, p in params.items() if p.annotation in (str, float)]
+    options = [name for name, p in params.items() if p.annotation in (str, float, int)]
     assert options or info.name in ("swiglu", "swiglu_packed")  # (they have none)
     for name in options:
-        expected = params[name].annotation.__name__
-        with pytest.raises(TypeError, match=rf"fusedops.{info.name}: {name} must be a {expected}, got NoneType"):
+        expected = {str: "a str", float: "a float", int: "an int"}[params[name].annotation]
+        with pytest.raises(TypeError, match=rf"fusedops.{info.name}: {name} must be {expected}, got NoneType"):
             function(*args, **{name: None})
+    for name, p in params.items():
+        if p.annotation in (Optional[int], Optional[float]):
+            expected = "an int or None" if p.annotation == Optional[int] else "a float or None"
+            with pytest.raises(TypeError, match=rf"fusedops.{info.name}: {name} must be {expected}, got str"):
+                function(*args, **{name: "x"})
 
 
 @pytest.mark.parametrize("device", DEVICES)

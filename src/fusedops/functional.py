@@ -48,16 +48,23 @@ def _name_the_mistyped_argument(function, arguments):
         elif hint in _SCALAR_TYPES:
             expected = hint.__name__
             wrong = not isinstance(value, _SCALAR_TYPES[hint])
+        elif hint in _OPTIONAL_SCALAR_TYPES:
+            scalar = _OPTIONAL_SCALAR_TYPES[hint]
+            expected = f"{scalar.__name__} or None"
+            wrong = value is not None and not isinstance(value, _SCALAR_TYPES[scalar])
         else:
             continue
         if wrong:
+            article = "an" if expected[0] in "aeiou" else "a"
             raise TypeError(
-                f"fusedops.{function.__name__}: {name} must be a {expected}, got {type(value).__name__}"
+                f"fusedops.{function.__name__}: {name} must be {article} {expected}, got {type(value).__name__}"
             ) from None
 
 
-# What the schemas take for each scalar annotation (numbers.Real: int, float, numpy's floats).
-_SCALAR_TYPES = {str: str, float: numbers.Real}
+# What the schemas take for each scalar annotation (numbers.Real: int, float, numpy's floats;
+# numbers.Integral: int, numpy's integers, and bool, as torch's int arguments).
+_SCALAR_TYPES = {str: str, float: numbers.Real, int: numbers.Integral}
+_OPTIONAL_SCALAR_TYPES = {Optional[float]: float, Optional[int]: int}
 
 _rms_norm_op = _rms_norm.forward
 _add_rms_norm_op = _add_rms_norm.forward
