@@ -262,9 +262,16 @@ def check_autocast(device):
         loss = fusedops.cross_entropy(logits, t)
     assert logits.dtype == amp and loss.dtype == torch.float32
     loss.backward()
-    ref = F.cross_entropy((a.detach().double() @ b.double()).requires_grad_(), t)
+    a64 = a.detach().double().requires_grad_()
+    ref = F.cross_entropy(a64 @ b.double(), t)
+    ref.backward()
     assert a.grad is not None and a.grad.dtype == torch.float32
-    torch.testing.assert_close(loss.double(), ref, atol=5e-2, rtol=5e-2)
+    # The logits (of order 10) are rounded to 16 bits, 2^-9 of them in bfloat16, which moves
+    # the probabilities by a few percent: over 200 draws (CPU, bfloat16) the loss was at most
+    # 0.25% off float64's and the gradient 3.2% of its largest element.
+    torch.testing.assert_close(loss.double(), ref, atol=0, rtol=1e-2)
+    scale = a64.grad.abs().max().item()
+    torch.testing.assert_close(a.grad.double(), a64.grad, atol=0.1 * scale, rtol=0)
 
 
 def backward_args(sample, outputs, grad_output):
