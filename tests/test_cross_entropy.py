@@ -135,17 +135,34 @@ def test_double_backward_and_weight_grad_raise(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_registered_op_without_compute_grad(device):
-    """torch.ops.fusedops.cross_entropy called directly with compute_grad=False has no gradient
-    to give: a clear error, not a wrong gradient."""
+    """torch.ops.fusedops.cross_entropy called with compute_grad=False for logits that need a
+    gradient (as under vmap, whose batched logits report requires_grad=False) computes it in
+    the backward; with compute_grad=True the forward hands it over."""
     x, t = _problem(device)
-    loss = torch.ops.fusedops.cross_entropy(x, t)[0]
-    with pytest.raises(RuntimeError, match="compute_grad=False"):
-        loss.backward()
-    loss, lse, grad, bad = torch.ops.fusedops.cross_entropy(x, t, compute_grad=True)
-    assert int(bad) == -1 and grad.shape == x.shape and not lse.requires_grad
-    loss.backward()
-    _, rg = _ref_grad(x, t, torch.tensor(1.0))
-    torch.testing.assert_close(x.grad.double(), rg, atol=1e-6, rtol=1e-5)
+    _, rg = _ref_grad(x, t, torch.tensor(2.5))
+    for compute_grad in (False, True):
+        loss, lse, grad, bad = torch.ops.fusedops.cross_entropy(x, t, compute_grad=compute_grad)
+        assert int(bad) == -1 and grad.shape == (x.shape if compute_grad else (0,)) and not lse.requires_grad
+        (got,) = torch.autograd.grad(loss, x, torch.tensor(2.5, device=device))
+        torch.testing.assert_close(got.double(), rg, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_vmap_forward_and_backward(device, reduction):
+    """torch.func.vmap over a batch of problems, and the gradient through it, as torch's."""
+    x, t = _problem(device, shape=(3, 4, 9))
+    w = torch.rand(9, device=device) + 0.5
+    kw = dict(weight=w, reduction=reduction, label_smoothing=0.1)
+    got = torch.func.vmap(lambda x, t: fusedops.cross_entropy(x, t, **kw))(x, t)
+    xr = x.detach().double().requires_grad_()
+    # (torch's own weighted mean cannot be vmapped: its reference is a loop)
+    ref = torch.stack([F.cross_entropy(xr[b], t[b], **{**kw, "weight": w.double()}) for b in range(3)])
+    torch.testing.assert_close(got.double(), ref, atol=1e-6, rtol=1e-5)
+    g = torch.randn_like(ref)
+    (grad,) = torch.autograd.grad(got, x, g.to(got.dtype))
+    (ref_grad,) = torch.autograd.grad(ref, xr, g)
+    torch.testing.assert_close(grad.double(), ref_grad, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)

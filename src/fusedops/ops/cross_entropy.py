@@ -21,7 +21,8 @@ turns each slice into its gradient.
 
 Saved for backward: only the gradient the forward already computed (compute_grad=True; a
 logits-sized tensor in the logits' dtype, or, for cross_entropy_, the logits tensor that now
-holds it). Nothing else: the backward is grad_output times that gradient. Eager backward scales
+holds it); with compute_grad=False for logits that need a gradient after all (under vmap),
+the logits, target and weight, from which the backward computes it. Nothing else: the backward is grad_output times that gradient. Eager backward scales
 it in place (cross_entropy_backward_, a no-op for rows whose scale is exactly 1, which is what
 ``loss.backward()`` passes) and hands it on, so forward plus backward reads the logits once and
 writes one gradient. When the graph is retained (retain_graph=True, or create_graph), under
@@ -371,7 +372,14 @@ def _setup_context(ctx, inputs, output):
     _loss, lse, grad, bad = output
     ctx.compute_grad = compute_grad
     ctx.private = gradients_dropped()
-    ctx.save_for_backward(grad)
+    if compute_grad:
+        ctx.save_for_backward(grad)
+    else:
+        # Called for logits that need a gradient without computing it (the caller could not
+        # tell they did: under torch.func.vmap the batched logits report requires_grad=False):
+        # the backward computes it from the inputs.
+        ctx.save_for_backward(*(t for t in inputs[:3] if t is not None))
+        ctx.options = (inputs[2] is not None, *inputs[3:8])
     ctx.mark_non_differentiable(lse, grad, bad)
     ctx.set_materialize_grads(False)
 
@@ -383,10 +391,11 @@ def _backward(ctx, grad_loss, grad_lse, _grad_grad, _grad_bad):
     if grad_loss is None or not ctx.needs_input_grad[0]:
         return (None,) * 9
     if not ctx.compute_grad:
-        raise RuntimeError(
-            "fusedops::cross_entropy was called with compute_grad=False, so it has no gradient to give; pass "
-            "compute_grad=True when the logits need one (fusedops.cross_entropy does)"
-        )
+        has_weight, *options = ctx.options
+        logits, target, *weight = ctx.saved_tensors
+        with _direct.below_autograd_unless_grad():
+            grad = forward(logits, target, weight[0] if has_weight else None, *options, compute_grad=True)[2]
+        return (scale(grad_loss, grad, None, True),) + (None,) * 8
     (grad,) = ctx.saved_tensors
     return (scale(grad_loss, grad, None, ctx.private),) + (None,) * 8
 
