@@ -268,6 +268,28 @@ def test_inplace_compiles():
     torch.testing.assert_close(out, 2 * eq)
 
 
+@pytest.mark.parametrize("layout", ["bshd", "thd"])
+def test_inplace_compiles_into_fused_qkv_views(layout):
+    """rope_ on q and k split from one fused QKV buffer, compiled with dynamic shapes by
+    Inductor, writes the buffer as eager does (torch 2.13's Inductor misplaced the in-place op's
+    writes through these views' transposes: rope_ goes out of place and copies back there)."""
+    lead = (2, 5) if layout == "bshd" else (7,)
+    c, s = torch.randn(*lead, 8, dtype=torch.float64), torch.randn(*lead, 8, dtype=torch.float64)
+
+    def f(qkv):
+        q, k, _v = qkv.split([8, 4, 4], dim=-2)
+        fusedops.rope_(q, k, c, s, layout=layout)
+        return qkv.sum()
+
+    qkv = torch.randn(*lead, 16, 8, dtype=torch.float64)
+    compiled, eager = qkv.clone(), qkv.clone()
+    with torch.no_grad():
+        torch.compile(f, backend="inductor", fullgraph=True, dynamic=True)(compiled)
+        f(eager)
+    assert not torch.equal(eager, qkv)  # (rotated)
+    torch.testing.assert_close(compiled, eager, rtol=1e-12, atol=1e-12)
+
+
 def test_table_gradients_refused():
     q, k = torch.randn(1, 2, 3, 8, requires_grad=True), torch.randn(1, 2, 3, 8)
     c, s = torch.randn(1, 3, 8, requires_grad=True), torch.randn(1, 3, 8)

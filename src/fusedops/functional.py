@@ -416,6 +416,10 @@ def rope(
         raise
 
 
+def _wants_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def rope_(
     q: Tensor,
     k: Tensor,
@@ -437,6 +441,15 @@ def rope_(
         gpu_check = _rope_position_check("rope_", q4, pos, check_positions)
         if direct_call_allowed():
             bad = _rope.direct_inplace(q4, k4, cos4, sin4, pos, interleaved)
+        elif layout != "bhsd" and torch.compiler.is_compiling() and not _wants_grad(q, k):
+            # Inductor (torch 2.13, dynamic shapes) misplaces a custom op's in-place update of a
+            # transposed view of a view, which is what q and k split from a fused QKV output
+            # become in the op's (B, H, S, D) order: the buffer came out wrong (a plain
+            # torch.library.custom_op too). Rotated out of place and copied back instead, which
+            # it compiles right; under torch.compile the copy is Inductor's to plan.
+            q_out, k_out, bad = _rope_op(q4, k4, cos4, sin4, pos, interleaved)
+            q4.copy_(q_out)
+            k4.copy_(k_out)
         else:
             bad = _rope_inplace_op(q4, k4, cos4, sin4, pos, interleaved)
         if gpu_check is not None:
