@@ -5,7 +5,9 @@ on up to two GPUs (one GPU: a mesh of one, which still takes every op through DT
 dispatch and the CUDA kernels).
 
 The processes start once for the module and device (about as long as the cases take) and run
-every case; each test reports its own case's outcome."""
+every case; each test reports its own case's outcome. After a case fails on a rank, that rank
+runs no more cases (they report "not run"): a failure on one rank alone would otherwise leave
+the other waiting in a collective, and the run would hang."""
 
 import faulthandler
 import json
@@ -124,6 +126,12 @@ def _rope_cases():
             sharded=(0, 1),
             differentiable=(0, 1),
             placements=("S0", "S1", "R"),
+        ),
+        # 6 q heads on 3 kv heads: split in two, the heads would not pair up on each rank (3 and
+        # 2, 3 and 1), so the rule moves them; over the batch they stay
+        "rope-gqa-uneven-heads": Case(
+            fusedops.rope, (_rand(B, 6, S, D), _rand(B, 3, S, D), cos, sin), sharded=(0, 1),
+            differentiable=(0, 1), placements=("S0", "S1"),
         ),
         # (with position_ids only the heads stay sharded: q and k sharded otherwise are moved)
         "rope-position-ids": Case(
@@ -350,9 +358,15 @@ def _worker(rank, device, world, port, out_dir):
     mesh = init_device_mesh(device, (world,))
     cases = _cases()
     outcome = {}
+    first_failure = None
     for index, name in enumerate(ALL_CASES):
-        # Every rank draws the same numbers in a case (its gradients, say), whatever ran before:
-        # one rank's failure alone would leave the other waiting in a collective.
+        if first_failure is not None:
+            # A case that failed on one rank alone (an error in one rank's shard) leaves the
+            # other rank waiting in a collective that never comes: rather than go on and hang,
+            # this rank stops, and leaving the group ends the other's wait with an error.
+            outcome[name] = f"not run: {first_failure} failed before it on rank {rank}"
+            continue
+        # Every rank draws the same numbers in a case (its gradients, say), whatever ran before.
         torch.manual_seed(index)
         try:
             if name in cases:
@@ -365,10 +379,11 @@ def _worker(rank, device, world, port, out_dir):
                 _run_bad_position_case(mesh)
             else:
                 _run_module_case(mesh, name)
+            dist.barrier()
             outcome[name] = None
-        except Exception:  # (each case reports its own failure; the others still run)
+        except Exception:  # (each case reports its own failure)
             outcome[name] = traceback.format_exc(limit=6)
-        dist.barrier()
+            first_failure = name
     dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(outcome, f)

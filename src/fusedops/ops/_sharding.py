@@ -10,8 +10,9 @@ halves would land on different ranks. Anything else is replicated first, by DTen
 
 ``RULES`` below holds each op's rule: from the arguments' shapes, the placements it accepts
 (DTensor's ``register_sharding``). The norms and gated activations name the role of every
-argument and output (``_rowwise``); rope shards q and k over the batch, the heads or the
-sequence, with cos and sin following.
+argument and output (``_rowwise``); rope shards q and k over the batch, the heads (where
+every rank gets whole groups of q heads with their k head) or the sequence, with cos and sin
+following.
 
 The in-place forms (``add_rms_norm_``, ``rope_``) have no rule: DTensor takes an op whose name
 ends in ``_`` to update its first argument and return it, which neither does (add_rms_norm_
@@ -116,15 +117,20 @@ def _rope_placements(d, cos, position_ids):
     return Shard(d), table, positions
 
 
-def _rope_dims(position_ids):
-    return [None, 1] if position_ids is not None else [None, 0, 1, 2]
+def _rope_dims(q, k, position_ids):
+    """The dimensions q and k may stay sharded over (None: replicated): the heads only where
+    every rank then holds whole groups of q heads with their k head (grouped-query attention:
+    Hq = 6 and Hk = 3 split in two are 3 and 2 heads on one rank, which no kernel can pair)."""
+    heads = q is None or k is None or q.shape[1] == k.shape[1] or k.shape[1] % q.mesh.size() == 0
+    dims = [None, 1] if position_ids is not None else [None, 0, 1, 2]
+    return dims if heads else [d for d in dims if d != 1]
 
 
 def _rope(q, k, cos, sin, position_ids=None, *_):
     from torch.distributed.tensor import Replicate
 
     found = []
-    for d in _rope_dims(position_ids):
+    for d in _rope_dims(q, k, position_ids):
         qk, table, positions = _rope_placements(d, cos, position_ids)
         # (bad_position, the first bad position or -1: the same on every rank)
         found.append(([qk, qk, Replicate()], [qk, qk, table, table, positions]))
@@ -135,7 +141,7 @@ def _rope_backward(grad_q_out, grad_k_out, cos, sin, position_ids, *_):
     from torch.distributed.tensor import Replicate
 
     found = []
-    for d in _rope_dims(position_ids):
+    for d in _rope_dims(grad_q_out, grad_k_out, position_ids):
         qk, table, positions = _rope_placements(d, cos, position_ids)
         grads = [None if g is None else qk for g in (grad_q_out, grad_k_out)]
         # (an absent incoming gradient: that output is empty)
