@@ -416,10 +416,6 @@ def rope(
         raise
 
 
-def _wants_grad(*tensors: Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
 def rope_(
     q: Tensor,
     k: Tensor,
@@ -441,7 +437,8 @@ def rope_(
         gpu_check = _rope_position_check("rope_", q4, pos, check_positions)
         if direct_call_allowed():
             bad = _rope.direct_inplace(q4, k4, cos4, sin4, pos, interleaved)
-        elif layout != "bhsd" and torch.compiler.is_compiling() and not _wants_grad(q, k):
+        elif (layout != "bhsd" and torch.compiler.is_compiling()
+              and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))):
             # Inductor (torch 2.13, dynamic shapes) misplaces a custom op's in-place update of a
             # transposed view of a view, which is what q and k split from a fused QKV output
             # become in the op's (B, H, S, D) order: the buffer came out wrong (a plain
