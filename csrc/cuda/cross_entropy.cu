@@ -380,7 +380,8 @@ __device__ __forceinline__ RowCoefs<T, A> finish_row(const Args<A>& a, const Sca
     a.lse[row] = lse;
     a.rowloss[row] = a.mean ? ce * sw + zl * sn : ce + zl;
   }
-  const A cp = ((A(1) - a.eps) * wt + a.eps * W * inv_v) * sw + A(2) * a.z * lse * sn;
+  // (W only when smoothing: an inf weight for a class no row targets must not reach the gradient)
+  const A cp = ((A(1) - a.eps) * wt + (a.smoothing ? a.eps * W * inv_v : A(0))) * sw + A(2) * a.z * lse * sn;
   RowCoefs<T, A> c;
   c.base = st.m;
   c.scale = cp * fusedops::norm::cuda::rcp_acc(st.s);

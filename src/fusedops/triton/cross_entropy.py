@@ -177,7 +177,12 @@ def _row_kernel(
             # In place the gradient overwrites the row, the target's logit included: every
             # thread's reads above come before any store below.
             tl.debug_barrier()
-            cp = ((1.0 - eps) * wt + eps * w_sum * inv_v) * sw + 2.0 * z * lse * sn
+            # (w_sum only when smoothing: an inf weight for a class no row targets must not
+            # reach the gradient)
+            if SMOOTH:
+                cp = ((1.0 - eps) * wt + eps * w_sum * inv_v) * sw + 2.0 * z * lse * sn
+            else:
+                cp = (1.0 - eps) * wt * sw + 2.0 * z * lse * sn
             scale_row = cp / sum_s
             ct = (1.0 - eps) * wt * sw
             cw = eps * inv_v * sw
@@ -186,10 +191,11 @@ def _row_kernel(
                 mask = c < V
                 v = _softcapped(tl.load(x_row + c, mask=mask, other=0.0).to(ACC), cap, SOFTCAP)
                 d = tl.exp(v - mx) * scale_row
-                if HAS_WEIGHT:
-                    d -= cw * tl.load(weight_ptr + c, mask=mask, other=0.0).to(ACC)
-                else:
-                    d -= cw
+                if SMOOTH:  # (cw = 0 without: 0 * an inf weight would be NaN)
+                    if HAS_WEIGHT:
+                        d -= cw * tl.load(weight_ptr + c, mask=mask, other=0.0).to(ACC)
+                    else:
+                        d -= cw
                 d -= tl.where(c == t, ct, 0.0)
                 if SOFTCAP:
                     u = v / cap
