@@ -166,6 +166,19 @@ def test_vmap_forward_and_backward(device, reduction):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_vmap_bad_target_raises_in_the_call(device):
+    """A target out of range in one vmapped problem raises in the call on every device (on a GPU
+    the flag of each problem is read at once: a deferred record would outlive the transform)."""
+    x, t = _problem(device, shape=(3, 4, 9))
+    t = t.clamp(min=0)
+    t[1, 2] = 11
+    pattern = r"^cross_entropy: target(\[2\] = 11 is outside| is out of range at flat index 2 of a problem)"
+    with pytest.raises(ValueError, match=pattern):
+        torch.func.vmap(lambda x, t: fusedops.cross_entropy(x, t))(x.detach(), t)
+    fusedops.cross_entropy(x[0], t[0])  # (nothing deferred is left to raise later)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_no_gradient_buffer_without_grad(device, monkeypatch):
     """The gradient is computed (its buffer allocated) only when the logits need one."""
     seen = []

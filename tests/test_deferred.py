@@ -92,3 +92,24 @@ def test_first_index():
     assert int(_deferred.first_index(torch.tensor([False, False, True, True]))) == 2
     assert int(_deferred.first_index(torch.tensor([[False], [False]]))) == -1
     assert int(_deferred.first_index(torch.zeros(0, dtype=torch.bool))) == -1
+
+
+@pytest.mark.parametrize("mode", [True, "sync"])
+def test_under_vmap_every_problem_is_checked_in_the_call(mode):
+    """Under torch.func.vmap the flag is a wrapped tensor of one index a problem: it is read in
+    the call whatever the mode, and the error names the first bad problem's index."""
+    check = _deferred.GpuCheck("cross_entropy", "check_target", "target", mode)
+
+    def finish(flag):
+        check.finish(flag, message=None)  # (a message would read wrapped values: not used)
+        return flag
+
+    assert torch.func.vmap(finish)(torch.tensor([-1, -1])).tolist() == [-1, -1]
+    expected = (
+        "cross_entropy: target is out of range at flat index 7 of a problem under torch.func transforms "
+        "(2 of the 3 problems have such a value)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        torch.func.vmap(finish)(torch.tensor([-1, 7, 2]))
+    with pytest.raises(ValueError, match=r"at flat index 5 of a problem .* \(1 of the 4 problems"):
+        torch.func.vmap(torch.func.vmap(finish))(torch.tensor([[-1, -1], [5, -1]]))

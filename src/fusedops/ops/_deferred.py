@@ -14,12 +14,16 @@ every call, so the public functions hand it to ``pending`` instead:
 So the error comes from the first such call that starts after the GPU has finished the bad
 one, usually the next training step's, and says so. Mode "sync" of a check waits and raises in
 the call itself (one synchronisation per call); False does not check. Nothing is checked while
-torch.compile traces or a CUDA graph is being captured (the NaN remains).
+torch.compile traces or a CUDA graph is being captured (the NaN remains). Under torch.func
+transforms (vmap) the flag holds one index per problem and is checked in the call, as "sync"
+would: a deferred record of a wrapped tensor would outlive its transform.
 """
 
 import collections
 
 import torch
+
+_functorch = torch._C._functorch
 
 MODES = (True, False, "sync")
 
@@ -104,24 +108,27 @@ class GpuCheck:
     an earlier call's bad value; it returns None when there is nothing to check (CPU, False,
     compiling, CUDA-graph capture). ``finish``, after the launch, takes the kernel's flag."""
 
-    __slots__ = ("option", "mode")
+    __slots__ = ("op", "option", "argument", "mode")
 
-    def __init__(self, option, mode):
-        self.option, self.mode = option, mode
+    def __init__(self, op, option, argument, mode):
+        self.op, self.option, self.argument, self.mode = op, option, argument, mode
 
     @classmethod
-    def start(cls, op, option, mode, tensor, compiling):
+    def start(cls, op, option, argument, mode, tensor, compiling):
         check_mode(mode, op, option)
         if mode is False or not tensor.is_cuda or compiling or torch.cuda.is_current_stream_capturing():
             return None
         pending._raise_completed()  # (not capturing: checked just above)
-        return cls(option, mode)
+        return cls(op, option, argument, mode)
 
     def finish(self, flag, message):
         # A DTensor's flag (replicated: the positions are, ops/_sharding.py) as this rank's tensor
         to_local = getattr(flag, "to_local", None)
         if to_local is not None:
             flag = to_local()
+        if _functorch.is_functorch_wrapped_tensor(flag):
+            self._finish_transformed(flag)
+            return
         if self.mode == "sync":
             index = int(flag)  # the one synchronisation
             if index >= 0:
@@ -134,3 +141,17 @@ class GpuCheck:
             + f" (found after that earlier call returned: {option}=True checks without waiting for the GPU; "
             f"{option}='sync' raises in the call itself)",
         )
+
+    def _finish_transformed(self, flag):
+        """The check under torch.func transforms: one flag a problem, read now (one
+        synchronisation). The argument's values are wrapped too, so the error names the index
+        without the value."""
+        while _functorch.is_functorch_wrapped_tensor(flag):
+            flag = _functorch.get_unwrapped(flag)
+        flags = flag.reshape(-1).tolist()
+        bad = [i for i in flags if i >= 0]
+        if bad:
+            raise ValueError(
+                f"{self.op}: {self.argument} is out of range at flat index {bad[0]} of a problem under "
+                f"torch.func transforms ({len(bad)} of the {len(flags)} problems have such a value)"
+            )

@@ -196,7 +196,7 @@ def check_target_mode(check_target, op="cross_entropy"):
 
 def gpu_target_check(op, check_target, tensor, compiling):
     """The public functions' eager bad-target check on a GPU (ops/_deferred.py), or None."""
-    return _deferred.GpuCheck.start(op, "check_target", check_target, tensor, compiling)
+    return _deferred.GpuCheck.start(op, "check_target", "target", check_target, tensor, compiling)
 
 
 def target_message(op, target, V, ignore_index):

@@ -176,7 +176,7 @@ def check_positions_mode(op, mode):
 
 def gpu_position_check(op, mode, q, compiling):
     """The public functions' eager position check on a GPU (ops/_deferred.py), or None."""
-    return _deferred.GpuCheck.start(op, "check_positions", mode, q, compiling)
+    return _deferred.GpuCheck.start(op, "check_positions", "position_ids", mode, q, compiling)
 
 
 def position_message(op, position_ids, rows):
