@@ -9,7 +9,9 @@
 # PARALLEL=1 runs the two backends' suites (and sanitizer runs) side by side, so that a step of
 # both fits one 10-minute call: on the H200 (141 GB); on an H100 (80 GB), two suites of 7 workers
 # each ran out of GPU memory (2026-12-05), and two of 4 did in test_dtensor's spawned processes
-# and took 400 s (2026-12-06); one suite of 6 did not. XDIST=N spreads each backend's test suite over N pytest-xdist
+# and took 400 s (2026-12-06); one suite at a time fits there: at 10 workers, test_dtensor left
+# to a run of its own, the CUDA suite took 188 s and the Triton suite 253 s, test_dtensor 106 s
+# (2026-12-06, later). XDIST=N spreads each backend's test suite over N pytest-xdist
 # workers (the GPU machine's image has pytest-xdist): on the H200 (2026-12-03) the Triton suite
 # took 141 s at 14 workers, where one process beside the CUDA suite had done two thirds of it in
 # 480 s (the CUDA suite alone: 438 s). The sanitizer runs stay in one process. Peers that are
