@@ -199,13 +199,13 @@ int main() {
       using Tag = decltype(tag);
       constexpr int kRows = kBlock / Tag::tpr;
       const float ms = time_it([&] {
-        forward_kernel<CL, VEC, Tag::tpr, Tag::vpt><<<(sh.rows + kRows - 1) / kRows, kBlock>>>(a, rows, {}, sh.rows, sh.n, 1e-5f);
+        forward_kernel<CL, VEC, Tag::tpr, Tag::vpt><<<(sh.rows + kRows - 1) / kRows, kBlock>>>(a, rows, {}, sh.rows, sh.n, 1e-5f, 1.0f / sh.n);
       });
       CK(cudaMemcpy(h_ref.data(), B.y, N * 2, cudaMemcpyDeviceToHost));
       char nm[64]; snprintf(nm, 64, "main ln tpr%d vpt%d", Tag::tpr, Tag::vpt);
       report(nm, ms, false);
       const float msr = time_it([&] {
-        forward_kernel<CR, VEC, Tag::tpr, Tag::vpt><<<(sh.rows + kRows - 1) / kRows, kBlock>>>(ar, rows, {}, sh.rows, sh.n, 1e-5f);
+        forward_kernel<CR, VEC, Tag::tpr, Tag::vpt><<<(sh.rows + kRows - 1) / kRows, kBlock>>>(ar, rows, {}, sh.rows, sh.n, 1e-5f, 1.0f / sh.n);
       });
       snprintf(nm, 64, "main rms tpr%d vpt%d", Tag::tpr, Tag::vpt);
       report(nm, msr, false);

@@ -27,23 +27,6 @@ namespace {
 constexpr int N = 1024;
 constexpr float EPS = 1e-6f;
 
-__device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    w[i] = *reinterpret_cast<uint32_t*>(&h);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
 __device__ __forceinline__ float sumsq8(uint4 v) {
   float f[8];
   unpack8(v, f);
@@ -119,20 +102,6 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) persistent_kernel(const uint4
   }
 }
 
-__global__ void fill(__nv_bfloat16* x, int64_t n, uint32_t seed) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed ^ uint32_t(i >> 32) * 40503u;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-    x[i] = __float2bfloat16(float(h & 0xffff) / 16384.0f - 2.0f);
-  }
-}
-
-__global__ void max_diff(const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t n, float* out) {
-  float m = 0.f;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    m = fmaxf(m, fabsf(__bfloat162float(a[i]) - __bfloat162float(b[i])));
-  atomicMax(reinterpret_cast<int*>(out), __float_as_int(m));
-}
 __global__ void max_diff_f(const float* a, const float* b, int64_t n, float* out) {
   float m = 0.f;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -151,8 +120,8 @@ int main() {
     float *rstd, *rstdr, *diff;
     CK(cudaMalloc(&x, n * 2)); CK(cudaMalloc(&y, n * 2)); CK(cudaMalloc(&yr, n * 2)); CK(cudaMalloc(&w, N * 2));
     CK(cudaMalloc(&rstd, rows * 4)); CK(cudaMalloc(&rstdr, rows * 4)); CK(cudaMalloc(&diff, 8));
-    fill<<<1024, 256>>>(x, n, 1);
-    fill<<<4, 256>>>(w, N, 2);
+    fill_hashed<<<1024, 256>>>(x, n, 1);
+    fill_hashed<<<4, 256>>>(w, N, 2);
     const auto X = reinterpret_cast<const uint4*>(x);
     const auto W = reinterpret_cast<const uint4*>(w);
     const double bytes = 2.0 * n * 2;
@@ -162,7 +131,7 @@ int main() {
     };
     auto check = [&](const char* name) {
       CK(cudaMemset(diff, 0, 8));
-      max_diff<<<1024, 256>>>(y, yr, n, diff);
+      max_abs_diff<<<1024, 256>>>(y, yr, n, diff);
       max_diff_f<<<256, 256>>>(rstd, rstdr, rows, diff + 1);
       float h[2];
       CK(cudaMemcpy(h, diff, 8, cudaMemcpyDeviceToHost));

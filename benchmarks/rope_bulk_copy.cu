@@ -63,23 +63,6 @@ __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 
-__device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    w[i] = *reinterpret_cast<uint32_t*>(&h);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
 // y1 = x1 cos - x2 sin, y2 = x2 cos + x1 sin, on chunk j (x1) and its partner j + D/2 (x2).
 __device__ __forceinline__ void rotate(uint4& xa, uint4& xb, const uint4 ca, const uint4 cb, const uint4 sa,
                                        const uint4 sb) {
@@ -196,22 +179,6 @@ __global__ void copy_kernel(const uint4* x, uint4* y, int64_t n) {
     y[i] = x[i];
 }
 
-// Values in [-2, 2) from a hash of the index: random enough that a misplaced chunk shows.
-__global__ void fill(__nv_bfloat16* x, int64_t n, uint32_t seed) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed ^ uint32_t(i >> 32) * 40503u;
-    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-    x[i] = __float2bfloat16(float(h & 0xffff) / 16384.0f - 2.0f);
-  }
-}
-
-__global__ void max_diff(const __nv_bfloat16* x, const __nv_bfloat16* y, int64_t n, float* out) {
-  float m = 0.f;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    m = fmaxf(m, fabsf(__bfloat162float(x[i]) - __bfloat162float(y[i])));
-  atomicMax(reinterpret_cast<int*>(out), __float_as_int(m));  // non-negative floats order as ints
-}
-
 }  // namespace
 
 int main() {
@@ -221,8 +188,8 @@ int main() {
   for (auto* p : {&k, &ko, &kr}) CK(cudaMalloc(p, nk * 2));
   CK(cudaMalloc(&cos, nt * 2));
   CK(cudaMalloc(&sin, nt * 2));
-  fill<<<1024, 256>>>(q, nq, 1); fill<<<1024, 256>>>(k, nk, 2);
-  fill<<<1024, 256>>>(cos, nt, 3); fill<<<1024, 256>>>(sin, nt, 4);
+  fill_hashed<<<1024, 256>>>(q, nq, 1); fill_hashed<<<1024, 256>>>(k, nk, 2);
+  fill_hashed<<<1024, 256>>>(cos, nt, 3); fill_hashed<<<1024, 256>>>(sin, nt, 4);
   float* diff;
   CK(cudaMalloc(&diff, 4));
   int sms;
@@ -249,8 +216,8 @@ int main() {
 
   auto check = [&](const char* name) {
     CK(cudaMemset(diff, 0, 4));
-    max_diff<<<1024, 256>>>(qo, qr, nq, diff);
-    max_diff<<<1024, 256>>>(ko, kr, nk, diff);
+    max_abs_diff<<<1024, 256>>>(qo, qr, nq, diff);
+    max_abs_diff<<<1024, 256>>>(ko, kr, nk, diff);
     float h;
     CK(cudaMemcpy(&h, diff, 4, cudaMemcpyDeviceToHost));
     printf("%-48s max |bulk - plain| = %g\n", name, h);

@@ -28,20 +28,6 @@ struct P {
   int bshd;  // row order of the flat mapping: 1 = (b, s, h)
 };
 
-__device__ __forceinline__ void cvt8(uint4 v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) { f[2 * i] = __uint_as_float(w[i] << 16); f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u); }
-}
-__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    w[i] = *reinterpret_cast<uint32_t*>(&h);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
 template <int CACHE>
 __device__ __forceinline__ uint4 ld(const __nv_bfloat16* p) {
   if constexpr (CACHE == 1) return __ldcs(reinterpret_cast<const uint4*>(p));
@@ -56,7 +42,7 @@ __device__ __forceinline__ void st(__nv_bfloat16* p, uint4 v) {
 __device__ __forceinline__ void rot(const uint4 xa, const uint4 xb, const uint4 ca, const uint4 cb, const uint4 na,
                                     const uint4 nb, uint4& ya, uint4& yb) {
   float a[8], b[8], c0[8], c1[8], n0[8], n1[8], y0[8], y1[8];
-  cvt8(xa, a); cvt8(xb, b); cvt8(ca, c0); cvt8(cb, c1); cvt8(na, n0); cvt8(nb, n1);
+  unpack8(xa, a); unpack8(xb, b); unpack8(ca, c0); unpack8(cb, c1); unpack8(na, n0); unpack8(nb, n1);
 #pragma unroll
   for (int e = 0; e < 8; ++e) { y0[e] = a[e] * c0[e] - b[e] * n0[e]; y1[e] = b[e] * c1[e] + a[e] * n1[e]; }
   ya = pack8(y0); yb = pack8(y1);
