@@ -22,10 +22,14 @@ DEVICES = device_params()
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("info", OPS)
 def test_dtype_matrix(info, device):
-    """Every dtype, every sample (ordinary and edge shapes), forward and backward, against fp64."""
+    """Every dtype, every sample (ordinary and edge shapes), forward and backward, against fp64;
+    the op's other public forms (in-place functions) too."""
     for dtype in info.dtypes:
         for sample in info.samples(device, dtype, requires_grad=True):
             check_against_reference(info, sample, dtype)
+        for variant in info.public_variants:
+            for sample in info.samples(device, dtype, requires_grad=variant.differentiable):
+                check_against_reference(info, sample, dtype, variant)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,6 +1,8 @@
 """The tooling around the ops: the benchmark command line's refusals, setup.py's build switches,
-the native loader's errors and `python -m fusedops`'s build lines. Fast: nothing is built or timed."""
+the native loader's errors and `python -m fusedops`'s build lines, self-check and quick
+benchmark. Fast: nothing is built or timed.
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -231,3 +233,47 @@ def test_main_says_what_serves_cuda_tensors(monkeypatch, capsys, torch_cuda, cud
     out = capsys.readouterr().out
     assert expected in out
     assert "g++ (GCC) 12.2.0 (/usr/bin/g++)" in out
+
+
+def _one_small_sample(info):
+    """`info` cut to its first float32 sample, so that the self-check runs in a moment."""
+    def samples(device, dtype, requires_grad=False, edge=True):
+        yield next(iter(info.samples(device, dtype, requires_grad=requires_grad, edge=False)))
+
+    return dataclasses.replace(info, samples=samples, dtypes=(torch.float32,))
+
+
+def test_main_self_check_covers_the_in_place_forms(monkeypatch, capsys):
+    from fusedops import __main__ as cli
+    from fusedops.testing import OP_TESTS_BY_NAME, PublicVariant
+
+    info = _one_small_sample(OP_TESTS_BY_NAME["add_rms_norm"])
+    (inplace,) = info.public_variants
+    # (a broken in-place form: returns the right output but leaves the residual unchanged)
+    broken = PublicVariant("add_rms_norm_", lambda x, r, *a: (inplace.call(x, r, *a)[0], r))
+    monkeypatch.setattr(cli, "_devices", lambda: ["cpu"])
+    monkeypatch.setattr(cli, "OP_TESTS", [info])
+    assert cli._self_check()
+    assert "add_rms_norm_" in capsys.readouterr().out
+    monkeypatch.setattr(cli, "OP_TESTS", [dataclasses.replace(info, public_variants=(broken,))])
+    assert not cli._self_check()
+    out = capsys.readouterr().out
+    assert "add_rms_norm " in out and "add_rms_norm_ " in out
+    assert [line.split()[0] for line in out.splitlines() if "FAILED" in line] == ["add_rms_norm_"]
+
+
+def test_main_benchmark_reports_a_raising_op_and_goes_on(monkeypatch, capsys):
+    from fusedops import __main__ as cli
+    from fusedops.testing import OP_TESTS_BY_NAME
+
+    def boom(*args):
+        raise RuntimeError("kernel refused\nsecond line")
+
+    failing = dataclasses.replace(OP_TESTS_BY_NAME["swiglu"], name="failing", public=boom)
+    monkeypatch.setattr(cli, "_devices", lambda: ["cpu"])
+    monkeypatch.setattr(cli, "_time_call", lambda fn: (fn(), 1e-3)[1])
+    monkeypatch.setattr(cli, "OP_TESTS", [failing, OP_TESTS_BY_NAME["swiglu"]])
+    assert not cli._benchmark()
+    rows = capsys.readouterr().out.splitlines()
+    assert sum("failing" in r and "FAILED: RuntimeError: kernel refused" in r for r in rows) == 2  # fp32, bf16
+    assert sum(r.split()[:1] == ["swiglu"] and r.endswith(tuple("0123456789")) for r in rows) == 2

@@ -49,24 +49,29 @@ def _print_backends():
 
 
 def _self_check():
-    """Each op's samples, forward and backward, against its fp64 reference."""
+    """Each op's samples, forward and backward, against its fp64 reference; its other public
+    forms (in-place functions) too."""
     print("\nself-check (forward and backward against float64, every sample and dtype)")
     ok = True
+    width = max(len(v.name) for info in OP_TESTS for v in (info, *info.public_variants))
     for info in OP_TESTS:
-        for device in _devices():
-            failures, count = [], 0
-            for dtype in info.dtypes:
-                for sample in info.samples(device, dtype, requires_grad=True):
-                    count += 1
-                    try:
-                        check_against_reference(info, sample, dtype)
-                    except Exception as e:  # report every failure, not only the first
-                        failures.append(f"{dtype} {sample.desc}: {str(e).splitlines()[0]}")
-            status = "ok" if not failures else f"FAILED {len(failures)}"
-            print(f"  {info.name:<24} {device:<5} {count:>3} samples  {status}")
-            for f in failures[:5]:
-                print(f"      {f}")
-            ok = ok and not failures
+        for variant in (None, *info.public_variants):
+            name = variant.name if variant else info.name
+            needs_grad = variant is None or variant.differentiable
+            for device in _devices():
+                failures, count = [], 0
+                for dtype in info.dtypes:
+                    for sample in info.samples(device, dtype, requires_grad=needs_grad):
+                        count += 1
+                        try:
+                            check_against_reference(info, sample, dtype, variant)
+                        except Exception as e:  # report every failure, not only the first
+                            failures.append(f"{dtype} {sample.desc}: {str(e).splitlines()[0]}")
+                status = "ok" if not failures else f"FAILED {len(failures)}"
+                print(f"  {name:<{width}} {device:<5} {count:>3} samples  {status}")
+                for f in failures[:5]:
+                    print(f"      {f}")
+                ok = ok and not failures
     return ok
 
 
@@ -77,11 +82,13 @@ def _time_call(fn):
 
 
 def _benchmark():
-    """A glance, not a measurement: benchmarks/ has the harness and the peers."""
+    """A glance, not a measurement: benchmarks/ has the harness and the peers. Returns False if a
+    call raised (reported in its row; the other rows still run)."""
     print("\nquick benchmark (forward, median; full comparisons: benchmarks/run.py)")
     width = max(len(info.name) for info in OP_TESTS)
     print(f"  {'op':<{width}} {'device':<6} {'shape':<16} {'dtype':<9} {'fusedops':>10} {'eager':>10}  GB/s")
     shapes = {"cpu": (2048, 4096), "cuda": (32768, 4096)}
+    ok = True
     for device in _devices():
         rows, n = shapes[device]
         for info in OP_TESTS:
@@ -89,19 +96,24 @@ def _benchmark():
                 continue
             for dtype in (torch.float32, torch.bfloat16):
                 args = info.sample_for_shape(device, dtype, (rows, n)).args
-                with torch.no_grad():
-                    t_ours = _time_call(lambda: info.public(*args))
-                    t_eager = _time_call(lambda: info.torch_equivalent(*args))
-                    outputs = outputs_of(info.public(*args))
-                # (the minimum bytes: every tensor argument read once, every output written once)
-                moved = sum(t.nbytes for t in args if isinstance(t, torch.Tensor)) + sum(o.nbytes for o in outputs)
-                gbs = moved / t_ours / 1e9
                 # The first tensor argument's own shape: an op's sample may build it around (rows, n)
                 # (rope's q is (1, heads, rows, n)).
                 first = next(t for t in args if isinstance(t, torch.Tensor))
                 shape = "x".join(str(d) for d in first.shape)
-                print(f"  {info.name:<{width}} {device:<6} {shape:<16} {str(dtype)[6:]:<9} "
-                      f"{t_ours * 1e3:>8.3f}ms {t_eager * 1e3:>8.3f}ms  {gbs:.0f}")
+                row = f"  {info.name:<{width}} {device:<6} {shape:<16} {str(dtype)[6:]:<9} "
+                try:
+                    with torch.no_grad():
+                        t_ours = _time_call(lambda: info.public(*args))
+                        t_eager = _time_call(lambda: info.torch_equivalent(*args))
+                        outputs = outputs_of(info.public(*args))
+                except Exception as e:  # a bug report wants every row, not a traceback at the first
+                    print(f"{row}FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                    ok = False
+                    continue
+                # (the minimum bytes: every tensor argument read once, every output written once)
+                moved = sum(t.nbytes for t in args if isinstance(t, torch.Tensor)) + sum(o.nbytes for o in outputs)
+                print(f"{row}{t_ours * 1e3:>8.3f}ms {t_eager * 1e3:>8.3f}ms  {moved / t_ours / 1e9:.0f}")
+    return ok
 
 
 def main(argv=None):
@@ -112,7 +124,7 @@ def main(argv=None):
     _print_backends()
     ok = _self_check()
     if not args.no_bench:
-        _benchmark()
+        ok = _benchmark() and ok
     print("\nall checks passed" if ok else "\nSOME CHECKS FAILED")
     return 0 if ok else 1
 

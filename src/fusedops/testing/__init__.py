@@ -39,6 +39,18 @@ class Tolerance:
 
 
 @dataclass
+class PublicVariant:
+    """Another public form of an op (an in-place function, say), called with `public`'s
+    arguments and returning what `public` returns: the self-check and the dtype matrix hold it
+    to the same fp64 reference."""
+
+    name: str
+    call: Callable
+    # whether gradients flow through it (else it runs on samples that need none)
+    differentiable: bool = False
+
+
+@dataclass
 class OpTestInfo:
     name: str
     op: Any  # the forward OpOverload, torch.ops.fusedops.<name>.default
@@ -70,6 +82,8 @@ class OpTestInfo:
     # other forms of the op (an in-place variant, say) that opcheck covers on every sample:
     # (OpOverload, sample -> its args)
     variant_ops: Sequence[Tuple[Any, Callable[[Sample], Tuple[Any, ...]]]] = ()
+    # the public functions of those forms, which the reference checks cover
+    public_variants: Sequence[PublicVariant] = ()
     # whether gradients of gradients are supported (then gradgradcheck runs; else the generic
     # suite checks that double backward raises a clear error)
     double_backward: bool = False
@@ -88,22 +102,25 @@ def grads_for(outputs: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
     return tuple(torch.randn_like(o) for o in outputs)
 
 
-def check_against_reference(info: OpTestInfo, sample: Sample, dtype: torch.dtype) -> None:
-    """Forward and backward of `info.public` on `sample` against the fp64 reference, within the
-    dtype's tolerances; raises AssertionError naming the sample otherwise. Gradients (which
-    grow with the number of rows summed) are compared relative to their largest element in
-    each row (the last dimension), at least 1: a row of small gradients beside rows of large
-    ones is held to its own size, not theirs."""
+def check_against_reference(
+    info: OpTestInfo, sample: Sample, dtype: torch.dtype, variant: Optional[PublicVariant] = None
+) -> None:
+    """Forward and backward of `info.public` (or of `variant`) on `sample` against the fp64
+    reference, within the dtype's tolerances; raises AssertionError naming the sample otherwise.
+    Gradients (which grow with the number of rows summed) are compared relative to their largest
+    element in each row (the last dimension), at least 1: a row of small gradients beside rows
+    of large ones is held to its own size, not theirs."""
     tol, gtol = info.tol[dtype], info.grad_tol[dtype]
-    outs = outputs_of(info.public(*sample.args))
+    name = variant.name if variant else info.name
+    outs = outputs_of((variant.call if variant else info.public)(*sample.args))
     ref_args = tuple(
         a.detach().double().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
         for a in sample.args
     )
     refs = outputs_of(info.reference(*ref_args))
-    assert len(outs) == len(refs) == len(info.output_dtype_argnums), f"{info.name} {sample.desc}: outputs"
+    assert len(outs) == len(refs) == len(info.output_dtype_argnums), f"{name} {sample.desc}: outputs"
     for k, (out, ref, argnum) in enumerate(zip(outs, refs, info.output_dtype_argnums)):
-        what = f"{info.name} {sample.desc} output {k}"
+        what = f"{name} {sample.desc} output {k}"
         assert out.dtype == sample.args[argnum].dtype, f"{what}: dtype {out.dtype}"
         assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)}"
         _assert_close(out, ref, tol, f"{what} (forward)")
@@ -119,9 +136,9 @@ def check_against_reference(info: OpTestInfo, sample: Sample, dtype: torch.dtype
         t = sample.args[i]
         if rg is None:
             rg = torch.zeros_like(t, dtype=torch.float64)
-        assert g is not None and g.dtype == t.dtype and g.shape == t.shape, f"{info.name} grad {i} {sample.desc}"
+        assert g is not None and g.dtype == t.dtype and g.shape == t.shape, f"{name} grad {i} {sample.desc}"
         scale = row_scale(rg)
-        _assert_close(g / scale, rg / scale, gtol, f"{info.name} grad of arg {i} {sample.desc}")
+        _assert_close(g / scale, rg / scale, gtol, f"{name} grad of arg {i} {sample.desc}")
 
 
 def row_scale(t: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import torch
 import fusedops
 from fusedops.ops import add_rms_norm as _op
 
-from . import ErrorSample, OpTestInfo, Sample
+from . import ErrorSample, OpTestInfo, PublicVariant, Sample
 from . import _norm
 from .rms_norm import reference as _rms_norm_reference
 
@@ -163,6 +163,12 @@ def inplace_args(sample):
     return tuple(args)
 
 
+def inplace_public(input, residual, *args):
+    """fusedops.add_rms_norm_ with add_rms_norm's results, on a copy of the residual."""
+    residual = residual.clone()
+    return fusedops.add_rms_norm_(input, residual, *args), residual
+
+
 INFO = OpTestInfo(
     name="add_rms_norm",
     op=_op.forward,
@@ -184,4 +190,5 @@ INFO = OpTestInfo(
     ),
     output_dtype_argnums=(0, 1),
     variant_ops=((_op.forward_, inplace_args),),
+    public_variants=(PublicVariant("add_rms_norm_", inplace_public),),
 )

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import fusedops
 from fusedops.ops import cross_entropy as _op
 
-from . import ErrorSample, OpTestInfo, Sample, Tolerance
+from . import ErrorSample, OpTestInfo, PublicVariant, Sample, Tolerance
 
 
 def reference(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, z_loss=0.0,
@@ -40,6 +40,15 @@ def public(logits, target, weight=None, ignore_index=-100, reduction="mean", lab
     """fusedops.cross_entropy with the op's argument order (compute_grad is the function's own call)."""
     return fusedops.cross_entropy(logits, target, weight=weight, ignore_index=ignore_index, reduction=reduction,
                                   label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap)
+
+
+def public_inplace_grad(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                        z_loss=0.0, softcap=None, compute_grad=False):
+    """`public` with inplace_grad=True, on a copy of the logits (which receives their gradient:
+    a leaf's own memory is refused)."""
+    return fusedops.cross_entropy(logits.clone(), target, weight=weight, ignore_index=ignore_index,
+                                  reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
+                                  softcap=softcap, inplace_grad=True)
 
 
 def torch_equivalent(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
@@ -346,6 +355,7 @@ INFO = OpTestInfo(
     torch_equivalent=torch_equivalent,
     output_dtype_argnums=(0,),
     variant_ops=((_op.forward_, inplace_args),),
+    public_variants=(PublicVariant("cross_entropy(inplace_grad=True)", public_inplace_grad, differentiable=True),),
     double_backward=False,
     large_input_check=check_large_input,
 )

@@ -11,7 +11,7 @@ import torch
 import fusedops
 from fusedops.ops import rope as _op
 
-from . import ErrorSample, OpTestInfo, Sample, Tolerance
+from . import ErrorSample, OpTestInfo, PublicVariant, Sample, Tolerance
 
 
 def rotate(x, interleaved):
@@ -40,6 +40,11 @@ def reference(q, k, cos, sin, position_ids=None, interleaved=False):
 def public(q, k, cos, sin, position_ids=None, interleaved=False):
     """fusedops.rope with the op's argument order (layout "bhsd": the samples are its views)."""
     return fusedops.rope(q, k, cos, sin, position_ids=position_ids, interleaved=interleaved)
+
+
+def inplace_public(q, k, cos, sin, position_ids=None, interleaved=False):
+    """fusedops.rope_ with rope's results, on copies of q and k."""
+    return fusedops.rope_(q.clone(), k.clone(), cos, sin, position_ids=position_ids, interleaved=interleaved)
 
 
 def table_dtypes(dtype):
@@ -347,6 +352,7 @@ INFO = OpTestInfo(
     torch_equivalent=reference,
     output_dtype_argnums=(0, 1),
     variant_ops=((_op.forward_, inplace_args),),
+    public_variants=(PublicVariant("rope_", inplace_public),),
     double_backward=True,
     large_input_check=check_large_input,
 )
