@@ -190,9 +190,13 @@ class Settings:
 
 
 def _maybe_selected(provider: Provider, filters: Optional[Sequence[str]]) -> bool:
-    """Cheap pre-check on the key, so unwanted providers are never imported."""
+    """Cheap pre-check on the key, so unwanted peers are never imported. fusedops' own providers
+    are always probed: their labels put the backend inside the key ("fusedops+offset" runs as
+    "fusedops-cuda+offset"), so only the label can tell whether a filter names them."""
     if filters is None:
         return provider.default
+    if provider.role == "subject":
+        return True
     for f in filters:
         if f == provider.key or provider.key.startswith(f) or f.startswith(provider.key):
             return True
@@ -627,18 +631,26 @@ def _run_case(entry, case, provider, probe, modes, settings, reference, run) -> 
             notes.append(f"output dtype {dtype_name(out.dtype)}")
         if not err_fwd < tol:
             return all_modes("wrong", f"forward rel. error {err_fwd:.3g} >= {tol:g}", err_fwd=err_fwd)
-        err_grad, grad_detail = None, ""
-        if any(m != "fwd" for m in modes):
-            err_grad, grad_detail = grad_errors(out, inputs, ref_grads)
-        del out
     except Exception as exc:
         fn = inputs = out = None
         free_memory(device)
         return all_modes("error", describe_exception(exc))
+    # (a backward that raises fails the modes that run it, not the forward)
+    err_grad, grad_detail, grad_failure = None, "", None
+    if any(m != "fwd" for m in modes):
+        try:
+            err_grad, grad_detail = grad_errors(out, inputs, ref_grads)
+        except Exception as exc:
+            grad_failure = "backward: " + describe_exception(exc)
+    del out
 
     copy_tbps = run.get("copy_tbps") or math.nan
     rows = []
     for mode in modes:
+        if mode != "fwd" and grad_failure is not None:
+            _progress(case, probe.label, mode, "error: " + grad_failure)
+            rows.append(row(mode, "error", grad_failure, err_fwd=err_fwd))
+            continue
         if mode != "fwd" and not err_grad < tol:
             note = f"gradient rel. error {grad_detail} (tolerance {tol:g})"
             _progress(case, probe.label, mode, "wrong: " + note)

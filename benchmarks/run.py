@@ -29,6 +29,16 @@ from benchmarks import harness  # noqa: E402
 from benchmarks.ops import load_entries  # noqa: E402
 
 
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
+
+
 def _csv_list(text):
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
@@ -49,7 +59,8 @@ def parse_args(argv=None):
                         help="comma-separated subset of fwd,bwd,fwd+bwd (default: all)")
     parser.add_argument("--providers", type=_csv_list, default=None,
                         help="comma-separated provider filter: a key (eager, torch.compile, liger, quack, "
-                             "fusedops, fusedops-raw), a label (fusedops-triton) or a glob; "
+                             "fusedops, fusedops-raw, fusedops+offset), a label (fusedops-triton, "
+                             "fusedops-cuda-raw, fusedops-cuda+offset) or a glob; "
                              "'fusedops' matches every fusedops-<backend> (default: all default providers)")
     parser.add_argument("--shapes", choices=("small", "large", "wide", "all"), default="all")
     parser.add_argument("--quick", action="store_true",
@@ -64,7 +75,7 @@ def parse_args(argv=None):
                         help="run the peers here, then fusedops once per backend in a child process with "
                              "FUSEDOPS_BACKEND=<backend> (the value 'default' leaves it unset), merging all "
                              "into one table; e.g. --fusedops-backends cuda,triton")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before running")
+    parser.add_argument("--threads", type=_positive_int, default=None, help="torch.set_num_threads before running")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-plot", action="store_true", help="do not write the PNG plots")
     parser.add_argument("--merge", type=Path, action="append", default=[], metavar="DIR",
@@ -232,8 +243,15 @@ def main(argv=None) -> int:
         rows = []
         for entry in entries.values():
             rows.extend(harness.run_entry(entry, settings, run))
-        if rows:
+        measured = any(r["status"] != "skipped" for r in rows)
+        if rows and (measured or forwarded or args.allow_empty):
             harness.save_results(out_dir, rows, run, append=args.append)
+        elif rows:
+            # (skipped rows only say what could not run: alone, they never replace results)
+            reasons = sorted({f"{r['provider']}: {r['note']}" for r in rows})
+            print(f"error: every row was skipped ({'; '.join(reasons)}); nothing written, {out_dir} left as "
+                  "it was", file=sys.stderr)
+            return 1
         elif args.allow_empty:
             print(f"no result rows from this process; {out_dir} left as it was", flush=True)
             return 0

@@ -1,6 +1,6 @@
 """The tooling around the ops: the benchmark command line's refusals, setup.py's build switches,
 the native loader's errors and `python -m fusedops`'s build lines, self-check and quick
-benchmark. Fast: nothing is built or timed.
+benchmark. Fast: nothing is built or timed."""
 
 import dataclasses
 import importlib.util
@@ -277,3 +277,67 @@ def test_main_benchmark_reports_a_raising_op_and_goes_on(monkeypatch, capsys):
     rows = capsys.readouterr().out.splitlines()
     assert sum("failing" in r and "FAILED: RuntimeError: kernel refused" in r for r in rows) == 2  # fp32, bf16
     assert sum(r.split()[:1] == ["swiglu"] and r.endswith(tuple("0123456789")) for r in rows) == 2
+
+
+@pytest.mark.parametrize("label", ["fusedops-cpu-raw", "fusedops-cpu+offset", "fusedops+offset", "fusedops-raw"])
+def test_bench_providers_takes_the_labels_of_fusedops_forms(bench, label):
+    """A label names its provider alone, with the backend where the results show it."""
+    from benchmarks import harness
+
+    entry = bench.load_entries()["rms_norm"]
+    settings = harness.Settings(device="cpu", providers=[label])
+    plan = harness.plan_run([entry], settings)
+    assert plan.unmatched_providers == [] and plan.rows > 0
+    (chosen,) = harness.select_providers(entry, settings)
+    expected = label if label.startswith("fusedops-cpu") else label.replace("fusedops", "fusedops-cpu", 1)
+    if label == "fusedops-raw":
+        expected = "fusedops-cpu-raw"
+    assert chosen[1].label == expected
+
+
+def test_bench_backward_failure_fails_only_the_modes_running_it(bench):
+    """A provider whose backward raises: fwd is timed, bwd and fwd+bwd are errors naming it."""
+    from benchmarks import harness
+
+    class ForwardOnly(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, gate, up):
+            return torch.nn.functional.silu(gate) * up
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError("no backward here")
+
+    entry = bench.load_entries()["swiglu"]
+    broken = harness.Provider("broken", lambda device: harness.Probe("broken", True),
+                              lambda case, device: ForwardOnly.apply)
+    entry = dataclasses.replace(entry, providers=[broken], cpu_cases=entry.cpu_cases[:1])
+    settings = harness.Settings(device="cpu", providers=["broken"], quick=True)
+    rows = harness.run_entry(entry, settings, {"run_id": "test", "copy_tbps": 1.0})
+    status = {r["mode"]: (r["status"], r["note"]) for r in rows}
+    assert status["fwd"][0] == "ok"
+    for mode in ("bwd", "fwd+bwd"):
+        assert status[mode][0] == "error" and "backward: RuntimeError: no backward here" in status[mode][1]
+
+
+def test_bench_run_of_skipped_rows_only_keeps_the_results(bench, old_results, monkeypatch, capsys):
+    from benchmarks import harness
+
+    before = (old_results / "results.csv").read_text()
+    entry = bench.load_entries()["swiglu"]
+    absent = harness.Provider("absent", lambda device: harness.Probe("absent", False, "not installed"),
+                              lambda case, device: None)
+    monkeypatch.setattr(bench, "load_entries", lambda: {"swiglu": dataclasses.replace(entry, providers=[absent])})
+    monkeypatch.setattr(harness, "copy_bandwidth", lambda device: {"copy_tbps": 1.0, "copy_bytes": 2**20})
+    rc = bench.main(["--device", "cpu", "--quick", "--no-plot", "--out", str(old_results), "--providers", "absent"])
+    assert rc == 1
+    assert "every row was skipped (absent: not installed)" in capsys.readouterr().err
+    assert (old_results / "results.csv").read_text() == before
+
+
+@pytest.mark.parametrize("threads", ["0", "-1", "two"])
+def test_bench_threads_must_be_positive(bench, capsys, threads):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(["--threads", threads])
+    assert exc.value.code == 2
+    assert f"--threads: {threads!r} is not a positive whole number" in capsys.readouterr().err

@@ -24,14 +24,14 @@ Providers: "eager" (torch.nn.functional.cross_entropy on the logits as given, vi
 logits to fp32 as Hugging Face's loss does, compiled per case); "liger" (Liger-Kernel's
 LigerCrossEntropyFunction, which writes the gradient into the logits; it takes (N, V), so the
 shifted case is made contiguous first, as users of it do); the subject "fusedops-<backend>"
-(``fusedops.cross_entropy``, a separate gradient buffer) and "fusedops+inplace-<backend>"
+(``fusedops.cross_entropy``, a separate gradient buffer) and "fusedops-<backend>+inplace"
 (``inplace_grad=True``: the gradient written into the logits, like Liger), and
-"fusedops+smooth-<backend>" (``label_smoothing=0.1``: what the option costs beside the plain
-call, checked against a smoothed reference; no peer runs it), "fusedops+wsmooth-<backend>" (the
+"fusedops-<backend>+smooth" (``label_smoothing=0.1``: what the option costs beside the plain
+call, checked against a smoothed reference; no peer runs it), "fusedops-<backend>+wsmooth" (the
 same with class weights, ``class_weights(V)``: the option set that loads the weights beside the
 logits). The inputs require
 grad, so a fused forward (fusedops, Liger) also writes the gradient in "fwd"; the forward alone
-as inference runs it is "fusedops+nograd-<backend>" (under ``torch.no_grad()``, fwd only).
+as inference runs it is "fusedops-<backend>+nograd" (under ``torch.no_grad()``, fwd only).
 Peak memory is recorded per call (``peak MiB``): the gradient buffer shows there.
 """
 

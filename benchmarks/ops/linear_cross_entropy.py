@@ -17,7 +17,7 @@ from hidden @ weight.T, upcast to fp32, torch.nn.functional.cross_entropy); "tor
 (the fp32 reference below compiled whole); "liger" (LigerFusedLinearCrossEntropyFunction);
 "cut-cross-entropy" (cut_cross_entropy.linear_cross_entropy); the subject "fusedops-<backend>"
 (``fusedops.linear_cross_entropy``, automatic chunk size: 1 GiB of logits on a GPU),
-"fusedops+chunk4096-<backend>" (chunks of 4096 rows) and "fusedops+low_memory-<backend>"
+"fusedops-<backend>+chunk4096" (chunks of 4096 rows) and "fusedops-<backend>+low_memory"
 (chunks of classes: four products instead of three, no float32 buffer of the weight's size).
 Peak memory per call is recorded: the point of the op.
 """
