@@ -52,6 +52,15 @@ def test_add_rms_norm_without_weight_checks_the_width():
         fusedops.nn.AddRMSNorm(16, elementwise_affine=False)(torch.randn(2, 8), torch.randn(2, 8))
 
 
+@pytest.mark.parametrize("ours", [fusedops.nn.RMSNorm, fusedops.nn.AddRMSNorm])
+def test_offset_without_weight_is_refused_by_the_constructor(ours):
+    """An offset scales the weight; without one every forward would raise, so the module is never made."""
+    with pytest.raises(ValueError, match=rf"^{ours.__name__}: offset scales the weight .* needs elementwise_affine=True; "
+                                         r"got offset 1 without a weight"):
+        ours(16, elementwise_affine=False, offset=1.0)
+    assert ours(16, elementwise_affine=False, offset=0.0).weight is None
+
+
 @pytest.mark.parametrize("module, args", [
     (fusedops.nn.RMSNorm(4), ()), (fusedops.nn.RMSNorm(4, eps=None), ()), (fusedops.nn.LayerNorm(4), ()),
     (fusedops.nn.AddRMSNorm(4, eps=None), (torch.randn(2, 4),)),

@@ -41,6 +41,10 @@ class AddRMSNorm(torch.nn.Module):
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         self.offset = float(offset)
+        if self.offset != 0.0 and not elementwise_affine:
+            # (refused here, not at every forward: the op raises for an offset without a weight)
+            raise ValueError(f"AddRMSNorm: offset scales the weight (offset + weight), so it needs "
+                             f"elementwise_affine=True; got offset {self.offset:g} without a weight")
         self.cast_before_weight = bool(cast_before_weight)
         self.inplace = bool(inplace)
         if elementwise_affine:

@@ -51,6 +51,10 @@ class RMSNorm(torch.nn.Module):
     ) -> None:
         super().__init__()
         self.offset = float(offset)
+        if self.offset != 0.0 and not elementwise_affine:
+            # (refused here, not at every forward: the op raises for an offset without a weight)
+            raise ValueError(f"RMSNorm: offset scales the weight (offset + weight), so it needs "
+                             f"elementwise_affine=True; got offset {self.offset:g} without a weight")
         self.cast_before_weight = bool(cast_before_weight)
         self.save_output = bool(save_output)
         if isinstance(normalized_shape, numbers.Integral):
