@@ -97,6 +97,12 @@ def parse_args(argv=None):
     bad = [m for m in args.modes if m not in harness.MODES]
     if bad:
         parser.error(f"unknown mode(s) {bad}; choose from {','.join(harness.MODES)}")
+    # (FUSEDOPS_BACKEND's values, and "default" for leaving it unset; fusedops itself is not
+    # imported here, so that a broken install still benchmarks the peers)
+    backends = ("default", "auto", "cuda", "triton")
+    bad = [b for b in args.fusedops_backends or () if b not in backends]
+    if bad:
+        parser.error(f"--fusedops-backends: unknown backend(s) {bad}; choose from {','.join(backends)}")
     if args.merge and args.out is None:
         # Merged rows come from another machine: the directory named after this one is never right.
         parser.error("--merge needs --out DIR, the results directory to merge into "

@@ -341,3 +341,11 @@ def test_bench_threads_must_be_positive(bench, capsys, threads):
         bench.parse_args(["--threads", threads])
     assert exc.value.code == 2
     assert f"--threads: {threads!r} is not a positive whole number" in capsys.readouterr().err
+
+
+def test_bench_fusedops_backends_are_checked(bench, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(["--fusedops-backends", "cuda,trition"])
+    assert exc.value.code == 2
+    assert "--fusedops-backends: unknown backend(s) ['trition']" in capsys.readouterr().err
+    assert bench.parse_args(["--fusedops-backends", "default,triton"]).fusedops_backends == ["default", "triton"]

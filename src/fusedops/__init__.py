@@ -15,7 +15,9 @@
 
 from . import _native
 
-CUDA_BACKEND = _native.load()
+# (which backend serves CUDA tensors is backend_for's answer: a GPU the CUDA kernels have no
+# code for switches to Triton when CUDA initialises, after this)
+_native.load()
 build_info = _native.build_info
 
 from . import ops  # noqa: E402  (registers fake kernels, autograd and autocast rules)
