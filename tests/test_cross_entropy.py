@@ -249,11 +249,36 @@ def test_inplace_grad_mode_refuses_user_leaves(device):
     with pytest.raises(RuntimeError, match="fusedops::cross_entropy_: " + leaf_msg):
         torch.ops.fusedops.cross_entropy_(x, t, None, -100, "mean", 0.0, 0.0, None)
     assert torch.equal(x.detach(), kept)
+    # A view made a leaf afterwards is a leaf itself (its base does not require grad).
+    viewed_leaf = kept.clone().view(2, 3, -1).requires_grad_()
+    with pytest.raises(RuntimeError, match=leaf_msg):
+        fusedops.cross_entropy(viewed_leaf, t.view(2, 3), inplace_grad=True)
+    assert torch.equal(viewed_leaf.detach().view_as(kept), kept)
     # A non-leaf (and its views) may be overwritten, and no grad mode needs no autograd at all.
     fusedops.cross_entropy((x * 1.0)[..., :-1], t.clamp(max=x.shape[-1] - 2), inplace_grad=True).backward()
     with torch.no_grad():
         torch.ops.fusedops.cross_entropy_(x, t, None, -100, "mean", 0.0, 0.0, None)
     assert not torch.equal(x.detach(), kept)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_inplace_grad_mode_through_leading_dims_that_do_not_collapse(device, reduction):
+    """Five strided leading dimensions do not collapse into the kernels' row layout, so the
+    in-place backward scales a copy: the copy must reach the logits' own gradient."""
+    g = torch.Generator().manual_seed(7)
+    leaf = torch.randn((4, 4, 4, 4, 4, 11), generator=g, dtype=torch.float64).to(device).requires_grad_()
+    t = torch.randint(0, 11, (2, 2, 2, 2, 2), generator=g).to(device)
+    go = torch.rand((2, 2, 2, 2, 2) if reduction == "none" else (), generator=g, dtype=torch.float64).to(device) + 0.5
+    grads = []
+    for inplace_grad in (False, True):
+        logits = (leaf * 1.0)[::2, ::2, ::2, ::2, ::2]
+        loss = fusedops.cross_entropy(logits, t, reduction=reduction, inplace_grad=inplace_grad)
+        grads.append(torch.autograd.grad(loss, leaf, go)[0])
+    ref = torch.zeros_like(leaf)
+    ref[::2, ::2, ::2, ::2, ::2] = _ref_grad(leaf[::2, ::2, ::2, ::2, ::2], t, go, reduction=reduction)[1]
+    torch.testing.assert_close(grads[0], ref, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(grads[1], ref, atol=1e-12, rtol=1e-10)
 
 
 @pytest.mark.parametrize("shape", [(3, 5, 33), (4, 128256), (2, 262152)], ids=["small", "cluster", "sweep"])

@@ -282,7 +282,10 @@ template <class K>
 void cross_entropy_backward_inplace(Tensor grad_output, Tensor grad_logits) {
   const char* op = "cross_entropy_backward_";
   const ScaleProblem s = make_scale_problem(op, grad_output, grad_logits, true);
-  if (s.R > 0 && s.V > 0) K::scale(s, s.grad, s.rows, true, op);
+  if (s.R == 0 || s.V == 0) return;
+  K::scale(s, s.grad, s.rows, true, op);
+  // Leading dimensions that do not collapse were scaled in a copy: write it back.
+  if (s.grad.get() != grad_logits.get()) torch::stable::copy_(grad_logits, s.grad);
 }
 
 // ---- slices of the classes: the building blocks of linear_cross_entropy(low_memory=True) ----

@@ -348,7 +348,8 @@ def _refuse_user_leaf(logits, op):
     """The in-place gradient mode overwrites the logits: refused, as torch refuses an in-place
     op, for a leaf that requires grad or a view of one (a tensor the user holds, whose gradient
     autograd accumulates into .grad)."""
-    base = logits._base if logits._base is not None else logits
+    # A tensor made a leaf after a view (x.view(...).requires_grad_()) is a leaf itself; its base is not.
+    base = logits if logits.is_leaf or logits._base is None else logits._base
     if base.is_leaf and base.requires_grad:
         what = "a leaf tensor" if base is logits else "a view of a leaf tensor"
         raise RuntimeError(
