@@ -268,20 +268,25 @@ def test_inplace_compiles():
     torch.testing.assert_close(out, 2 * eq)
 
 
-@pytest.mark.parametrize("layout", ["bshd", "thd"])
-def test_inplace_compiles_into_fused_qkv_views(layout):
-    """rope_ on q and k split from one fused QKV buffer, compiled with dynamic shapes by
-    Inductor, writes the buffer as eager does (torch 2.13's Inductor misplaced the in-place op's
-    writes through these views' transposes: rope_ goes out of place and copies back there)."""
-    lead = (2, 5) if layout == "bshd" else (7,)
+@pytest.mark.parametrize("heads", [(8, 4, 4), (4, 4)], ids=["qkv", "qk"])
+@pytest.mark.parametrize("layout", ["bshd", "thd", "bhsd"])
+def test_inplace_compiles_into_fused_qkv_views(layout, heads):
+    """rope_ on q and k split from one fused QKV (or QK) buffer, compiled with dynamic shapes by
+    Inductor, writes the buffer as eager does, in every layout (bhsd: the caller transposes the
+    split views itself, as Hugging Face attention does). torch 2.13's Inductor misplaced the
+    in-place op's writes through these views' transposes, or handed q and k over as one buffer:
+    rope_ goes out of place and copies back there."""
+    lead = (7,) if layout == "thd" else (2, 5)
     c, s = torch.randn(*lead, 8, dtype=torch.float64), torch.randn(*lead, 8, dtype=torch.float64)
 
     def f(qkv):
-        q, k, _v = qkv.split([8, 4, 4], dim=-2)
+        q, k = qkv.split(heads, dim=-2)[:2]
+        if layout == "bhsd":
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
         fusedops.rope_(q, k, c, s, layout=layout)
         return qkv.sum()
 
-    qkv = torch.randn(*lead, 16, 8, dtype=torch.float64)
+    qkv = torch.randn(*lead, sum(heads), 8, dtype=torch.float64)
     compiled, eager = qkv.clone(), qkv.clone()
     with torch.no_grad():
         torch.compile(f, backend="inductor", fullgraph=True, dynamic=True)(compiled)

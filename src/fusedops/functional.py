@@ -437,11 +437,12 @@ def rope_(
         gpu_check = _rope_position_check("rope_", q4, pos, check_positions)
         if direct_call_allowed():
             bad = _rope.direct_inplace(q4, k4, cos4, sin4, pos, interleaved)
-        elif (layout != "bhsd" and torch.compiler.is_compiling()
+        elif (torch.compiler.is_compiling() and not (q4.is_contiguous() and k4.is_contiguous())
               and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))):
             # Inductor (torch 2.13, dynamic shapes) misplaces a custom op's in-place update of a
             # transposed view of a view, which is what q and k split from a fused QKV output
-            # become in the op's (B, H, S, D) order: the buffer came out wrong (a plain
+            # become in the op's (B, H, S, D) order, whichever layout the caller names: the
+            # buffer came out wrong, or q and k landed on one buffer (a plain
             # torch.library.custom_op too). Rotated out of place and copied back instead, which
             # it compiles right; under torch.compile the copy is Inductor's to plan.
             q_out, k_out, bad = _rope_op(q4, k4, cos4, sin4, pos, interleaved)
