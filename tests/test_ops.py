@@ -161,8 +161,8 @@ def test_public_function_names_a_non_tensor(info):
 @pytest.mark.parametrize("info", OPS)
 def test_public_function_names_a_mistyped_option(info):
     """None for a str, float or int option of the public function (a str for an optional float
-    or int) raises TypeError naming it, where the schema's own cast or a comparison would say
-    only which type it expected. (The sample's leading arguments fill the function's required
+    or int, or for a bool) raises TypeError naming it, where the schema's own cast or a
+    comparison would say only which type it expected (or a truthy string would switch a mode on). (The sample's leading arguments fill the function's required
     parameters; each option goes by keyword.)"""
     function = getattr(fusedops, info.name)
     params = inspect.signature(function).parameters
@@ -181,6 +181,9 @@ def test_public_function_names_a_mistyped_option(info):
             expected = "an int or None" if p.annotation == Optional[int] else "a float or None"
             with pytest.raises(TypeError, match=rf"fusedops.{info.name}: {name} must be {expected}, got str"):
                 function(*args, **{name: "x"})
+        if p.annotation is bool:
+            with pytest.raises(TypeError, match=rf"fusedops.{info.name}: {name} must be a bool, got str"):
+                function(*args, **{name: "False"})
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -605,6 +605,13 @@ def test_rotary_embedding_module_behaviour():
     # (the device given one place early lands in rope_scaling)
     with pytest.raises(TypeError, match=r"RotaryEmbedding: rope_scaling must be a dict .* or None, got str"):
         fusedops.nn.RotaryEmbedding(64, 2048, 10000.0, "cpu")
+    # The module keeps its own copy of rope_scaling: editing the config afterwards changes nothing,
+    # not even the inv_freq formed again after .to().
+    scaling = dict(LLAMA3)
+    llama3 = fusedops.nn.RotaryEmbedding(64, rope_scaling=scaling)
+    before = llama3.inv_freq.clone()
+    scaling["factor"] = 2.0
+    assert torch.equal(llama3.to(torch.float64).inv_freq, before) and llama3.rope_scaling == LLAMA3
     # On the meta device, where a model is built for its shapes (no autocast there to turn off).
     meta = fusedops.nn.RotaryEmbedding(64, device="meta")
     cos, sin = meta(torch.empty(2, 5, 8, device="meta", dtype=torch.bfloat16), torch.arange(5, device="meta")[None])

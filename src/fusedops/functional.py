@@ -63,7 +63,7 @@ def _name_the_mistyped_argument(function, arguments):
 
 # What the schemas take for each scalar annotation (numbers.Real: int, float, numpy's floats;
 # numbers.Integral: int, numpy's integers, and bool, as torch's int arguments).
-_SCALAR_TYPES = {str: str, float: numbers.Real, int: numbers.Integral}
+_SCALAR_TYPES = {str: str, float: numbers.Real, int: numbers.Integral, bool: bool}
 _OPTIONAL_SCALAR_TYPES = {Optional[float]: float, Optional[int]: int}
 
 _rms_norm_op = _rms_norm.forward
@@ -528,6 +528,8 @@ def cross_entropy(
         gpu_check = _cross_entropy.gpu_target_check("cross_entropy", check_target, logits, compiling)
         args = (logits, target, weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
                 None if softcap is None else float(softcap))
+        if not isinstance(inplace_grad, bool):  # (a truthy "False" must not overwrite the logits)
+            raise TypeError(f"fusedops.cross_entropy: inplace_grad must be a bool, got {type(inplace_grad).__name__}")
         in_place = inplace_grad and not compiling and torch.is_grad_enabled() and logits.requires_grad
         if direct_call_allowed():
             if in_place:
@@ -612,6 +614,8 @@ def linear_cross_entropy(
     """
     try:
         compiling = torch.compiler.is_compiling()
+        if not isinstance(low_memory, bool):
+            raise TypeError(f"fusedops.linear_cross_entropy: low_memory must be a bool, got {type(low_memory).__name__}")
         gpu_check = _cross_entropy.gpu_target_check("linear_cross_entropy", check_target, hidden, compiling)
         # (under autocast the op checks its arguments itself, after its rule has cast them: a float32
         # hidden with a bf16 weight is fine there, as for torch's linear)
@@ -627,7 +631,7 @@ def linear_cross_entropy(
             _linear_cross_entropy._refuse_class_weight_grad(class_weight)
         args = (
             hidden, weight, target, bias, class_weight, ignore_index, reduction, float(label_smoothing),
-            float(z_loss), None if softcap is None else float(softcap), chunk_rows, bool(low_memory),
+            float(z_loss), None if softcap is None else float(softcap), chunk_rows, low_memory,
             chunk_classes,
             needs_grad and reduction != "none",
         )

@@ -80,7 +80,8 @@ class RotaryEmbedding(torch.nn.Module):
             )
         scaling = dict(rope_scaling or {})
         self.rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-        self.rope_scaling = rope_scaling
+        # (a copy: a config edited later must not change the inv_freq that .to() forms again)
+        self.rope_scaling = None if rope_scaling is None else scaling
         if self.rope_type == "llama3":
             missing = [key for key in _LLAMA3_KEYS if key not in scaling]
             if missing:

@@ -110,7 +110,7 @@ def check(op, hidden, weight, target, bias, class_weight, ignore_index, reductio
     if not (weight.dtype == hidden.dtype or (weight.dtype == torch.float32 and hidden.dtype in NARROW)):
         raise ValueError(
             f"{op}: weight dtype {dtype_name(weight.dtype)} does not go with hidden dtype {dtype_name(hidden.dtype)}: "
-            "use hidden's dtype or float32"
+            + ("use hidden's dtype or float32" if hidden.dtype in NARROW else "use hidden's dtype")
         )
     if not _same_device(weight, hidden):
         raise ValueError(f"{op}: weight is on {_dev(weight)} but hidden is on {_dev(hidden)}")

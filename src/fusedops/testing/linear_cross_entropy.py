@@ -180,9 +180,13 @@ def error_samples(device):
               r"linear_cross_entropy: weight must be a 2-D .* got shape \[80\]", "1-D weight")
     yield bad((h, w.half(), t, None, None) + opts,
               r"linear_cross_entropy: weight dtype float16 does not go with hidden dtype float32: use hidden's "
-              r"dtype or float32", "weight dtype")
+              r"dtype$", "weight dtype")
+    yield bad((h.double(), w, t, None, None) + opts,
+              r"linear_cross_entropy: weight dtype float32 does not go with hidden dtype float64: use hidden's "
+              r"dtype$", "fp32 weight for fp64 hidden")
     yield bad((h.bfloat16(), w.double(), t, None, None) + opts,
-              r"linear_cross_entropy: weight dtype float64 does not go with hidden dtype bfloat16", "fp64 weight")
+              r"linear_cross_entropy: weight dtype float64 does not go with hidden dtype bfloat16: use hidden's "
+              r"dtype or float32$", "fp64 weight")
     yield bad((h, torch.randn(10, 8, device=other), t, None, None) + opts,
               r"linear_cross_entropy: weight is on (meta|cpu) but hidden is on", "weight device")
     yield bad((h, torch.randn(0, 8, device=device), t, None, None) + opts,
