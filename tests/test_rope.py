@@ -5,6 +5,7 @@ against an fp64 transcription of its formulas (including LLaMA-3 scaling)."""
 
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -389,6 +390,15 @@ def test_bad_layout_and_shapes():
         fusedops.rope(qt, kt, c[0], s, layout="thd", position_ids=torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match=r"fusedops.rope: k has 3 tokens and q 4: they must match for layout 'thd'"):
         fusedops.rope(qt, kt[:3], c[0, :4], s[0, :4], layout="thd")
+    # q and k that do not go together are named in the caller's layout, not the op's (B, H, S, D)
+    with pytest.raises(ValueError, match=r"fusedops.rope: k shape \[4, 2, 6\] does not go with q shape \[4, 4, 8\] for "
+                                         r"layout 'thd': head_dim must match"):
+        fusedops.rope(qt, kt[..., :6], c[0, :4], s[0, :4], layout="thd")
+    for bad_k, what in ((torch.randn(2, 4, 2, 8), "[2, 4, 2, 8]"), (torch.randn(2, 5, 2, 6), "[2, 5, 2, 6]")):
+        match = (rf"fusedops.rope_: k shape {re.escape(what)} does not go with q shape \[2, 5, 4, 8\] for layout "
+                 r"'bshd': batch, seq and head_dim must match")
+        with pytest.raises(ValueError, match=match):
+            fusedops.rope_(q.transpose(1, 2), bad_k, c, s, layout="bshd")
 
 
 @pytest.mark.parametrize("device", DEVICES)

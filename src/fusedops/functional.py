@@ -292,6 +292,12 @@ def _rope_views(op, q, k, cos, sin, layout, position_ids):
                     f"{op}: {name} must be a 4-D (batch, seq, heads, head_dim) tensor for layout 'bshd', got "
                     f"{_rope._dims_str(t)}"
                 )
+        # (in the caller's terms: the op would name the transposed shapes)
+        if (k.shape[0], k.shape[1], k.shape[3]) != (q.shape[0], q.shape[1], q.shape[3]):
+            raise ValueError(
+                f"{op}: k {_rope._dims_str(k)} does not go with q {_rope._dims_str(q)} for layout 'bshd': batch, "
+                "seq and head_dim must match"
+            )
         return q.transpose(1, 2), k.transpose(1, 2), cos, sin, position_ids
     if layout == "thd":
         for name, t in (("q", q), ("k", k)):
@@ -304,6 +310,11 @@ def _rope_views(op, q, k, cos, sin, layout, position_ids):
         T = q.shape[0]
         if k.shape[0] != T:
             raise ValueError(f"{op}: k has {k.shape[0]} tokens and q {T}: they must match for layout 'thd'")
+        if k.shape[2] != q.shape[2]:
+            raise ValueError(
+                f"{op}: k {_rope._dims_str(k)} does not go with q {_rope._dims_str(q)} for layout 'thd': head_dim "
+                "must match"
+            )
         rows = "(tokens, rotary_dim)" if position_ids is None else "(positions, rotary_dim) tables"
         for name, t in (("cos", cos), ("sin", sin)):
             if t.dim() != 2 or (position_ids is None and t.shape[0] != T):
