@@ -6,6 +6,7 @@ On CUDA the suites test whichever backend serves the op in this process: run the
 import inspect
 from typing import Optional
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -140,6 +141,31 @@ def test_public_function_checks(info, device):
             info.public(*err.sample.args)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_tensors_of_many_dimensions(device):
+    """torch allows an empty tensor of more than 64 dimensions (its own norms refuse one): the ops
+    return empty results of the right shapes, forward and backward, instead of overrunning the
+    kernels' row layout."""
+    lead = [0] * 69
+    x = torch.empty(lead + [8], device=device, requires_grad=True)
+    w = torch.ones(8, device=device)
+    calls = {
+        "rms_norm": lambda: fusedops.rms_norm(x, w),
+        "layer_norm": lambda: fusedops.layer_norm(x, w, w),
+        "add_rms_norm": lambda: fusedops.add_rms_norm(x, x.detach().clone(), w)[0],
+        "swiglu": lambda: fusedops.swiglu(x, x),
+        "geglu_packed": lambda: fusedops.geglu_packed(x),
+        "cross_entropy": lambda: fusedops.cross_entropy(
+            x, torch.empty(lead, dtype=torch.long, device=device), reduction="none"),
+    }
+    for name, call in calls.items():
+        out = call()
+        expected = lead + [4] if name == "geglu_packed" else lead if name == "cross_entropy" else lead + [8]
+        assert list(out.shape) == expected, name
+        (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
+        assert grad.shape == x.shape, name
+
+
 @pytest.mark.parametrize("info", OPS)
 def test_public_function_names_a_non_tensor(info):
     """A list where the public function takes a tensor raises TypeError naming that argument
@@ -184,6 +210,18 @@ def test_public_function_names_a_mistyped_option(info):
         if p.annotation is bool:
             with pytest.raises(TypeError, match=rf"fusedops.{info.name}: {name} must be a bool, got str"):
                 function(*args, **{name: "False"})
+
+
+def test_a_failed_call_blames_only_what_the_schema_refuses():
+    """What the schema takes (a 0-d tensor for a float, numpy's bool for a bool) is not named as
+    mistyped when a call fails for another reason: the real error comes through."""
+    x, short_weight = torch.randn(4, 8), torch.randn(7)
+    for options in ({"eps": torch.tensor(1e-6)}, {"cast_before_weight": np.bool_(True)}):
+        fusedops.rms_norm(x, torch.randn(8), **options)  # (good as it is)
+        with pytest.raises(ValueError, match=r"rms_norm: weight must be a 1-D tensor of size 8"):
+            fusedops.rms_norm(x, short_weight, **options)
+    target = torch.zeros(4, dtype=torch.long)
+    assert torch.equal(fusedops.cross_entropy(x, target, inplace_grad=np.bool_(False)), fusedops.cross_entropy(x, target))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -5,6 +5,7 @@ autocast, torch.compile and the fake kernels all come from the op's registration
 outside autocast the call skips the dispatcher's round trip through Python (ops/_direct.py)."""
 
 import numbers
+import sys
 from typing import Optional, Tuple, Union
 
 import torch
@@ -47,11 +48,11 @@ def _name_the_mistyped_argument(function, arguments):
             wrong = not isinstance(value, Tensor) and not (value is None and hint == Optional[Tensor])
         elif hint in _SCALAR_TYPES:
             expected = hint.__name__
-            wrong = not isinstance(value, _SCALAR_TYPES[hint])
+            wrong = not _is_a(hint, value)
         elif hint in _OPTIONAL_SCALAR_TYPES:
             scalar = _OPTIONAL_SCALAR_TYPES[hint]
             expected = f"{scalar.__name__} or None"
-            wrong = value is not None and not isinstance(value, _SCALAR_TYPES[scalar])
+            wrong = value is not None and not _is_a(scalar, value)
         else:
             continue
         if wrong:
@@ -64,6 +65,19 @@ def _name_the_mistyped_argument(function, arguments):
 # What the schemas take for each scalar annotation (numbers.Real: int, float, numpy's floats;
 # numbers.Integral: int, numpy's integers, and bool, as torch's int arguments).
 _SCALAR_TYPES = {str: str, float: numbers.Real, int: numbers.Integral, bool: bool}
+
+
+def _is_a(scalar_type, value) -> bool:
+    """Whether `value` passes for a `scalar_type` argument where the schema takes it: also a 0-d
+    tensor for a float or int, and numpy's bool for a bool."""
+    if isinstance(value, _SCALAR_TYPES[scalar_type]):
+        return True
+    if scalar_type in (float, int):
+        return isinstance(value, Tensor) and value.dim() == 0
+    if scalar_type is bool:
+        np = sys.modules.get("numpy")
+        return np is not None and isinstance(value, np.bool_)
+    return False
 _OPTIONAL_SCALAR_TYPES = {Optional[float]: float, Optional[int]: int}
 
 _rms_norm_op = _rms_norm.forward
@@ -539,7 +553,7 @@ def cross_entropy(
         gpu_check = _cross_entropy.gpu_target_check("cross_entropy", check_target, logits, compiling)
         args = (logits, target, weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
                 None if softcap is None else float(softcap))
-        if not isinstance(inplace_grad, bool):  # (a truthy "False" must not overwrite the logits)
+        if not _is_a(bool, inplace_grad):  # (a truthy "False" must not overwrite the logits)
             raise TypeError(f"fusedops.cross_entropy: inplace_grad must be a bool, got {type(inplace_grad).__name__}")
         in_place = inplace_grad and not compiling and torch.is_grad_enabled() and logits.requires_grad
         if direct_call_allowed():
@@ -625,7 +639,7 @@ def linear_cross_entropy(
     """
     try:
         compiling = torch.compiler.is_compiling()
-        if not isinstance(low_memory, bool):
+        if not _is_a(bool, low_memory):
             raise TypeError(f"fusedops.linear_cross_entropy: low_memory must be a bool, got {type(low_memory).__name__}")
         gpu_check = _cross_entropy.gpu_target_check("linear_cross_entropy", check_target, hidden, compiling)
         # (under autocast the op checks its arguments itself, after its rule has cast them: a float32

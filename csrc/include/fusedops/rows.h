@@ -47,26 +47,31 @@ struct RowLayout {
 // Collapses the leading dimensions of `t`. Returns false when more than kMaxDims remain.
 inline bool collapse_rows(const torch::stable::Tensor& t, RowLayout& out) {
   out = RowLayout{};
-  int64_t sizes[64], strides[64];
   int n = 0;
   for (int64_t d = 0; d + 1 < t.dim(); ++d) {
     const int64_t size = t.size(d);
+    if (size == 0) {  // no rows: a tensor of any rank (torch allows more than 64 empty dimensions)
+      out = RowLayout{};
+      out.ndim = 1;
+      out.strides[0] = 1;
+      return true;
+    }
     if (size == 1) continue;
-    if (n > 0 && strides[n - 1] == t.stride(d) * size) {
-      sizes[n - 1] *= size;  // the previous dimension steps over whole blocks of this one
-      strides[n - 1] = t.stride(d);
+    if (n > 0 && out.strides[n - 1] == t.stride(d) * size) {
+      out.sizes[n - 1] *= size;  // the previous dimension steps over whole blocks of this one
+      out.strides[n - 1] = t.stride(d);
     } else {
-      sizes[n] = size;
-      strides[n] = t.stride(d);
+      // (a dimension once kept is never merged away, so one past the limit decides)
+      if (n == RowLayout::kMaxDims) {
+        out = RowLayout{};
+        return false;
+      }
+      out.sizes[n] = size;
+      out.strides[n] = t.stride(d);
       ++n;
     }
   }
-  if (n > RowLayout::kMaxDims) return false;
   out.ndim = n;
-  for (int d = 0; d < n; ++d) {
-    out.sizes[d] = sizes[d];
-    out.strides[d] = strides[d];
-  }
   return true;
 }
 
