@@ -238,7 +238,8 @@ def test_inplace_grad_mode_refuses_saved_logits(device):
 def test_inplace_grad_mode_refuses_user_leaves(device):
     """The in-place mode would overwrite a tensor the user holds: refused for a leaf that requires
     grad and for views of one (as torch refuses in-place ops there), through the public function
-    and the registered op; the logits are left as they were."""
+    and the registered op; the logits are left as they were. Logits it cannot write into (a
+    strided last dimension, an expanded tensor) are refused in the public function's name."""
     x, t = _problem(device)
     kept = x.detach().clone()
     leaf_msg = "logits is a leaf tensor that requires grad, which the in-place gradient mode would overwrite"
@@ -249,6 +250,13 @@ def test_inplace_grad_mode_refuses_user_leaves(device):
     with pytest.raises(RuntimeError, match="fusedops::cross_entropy_: " + leaf_msg):
         torch.ops.fusedops.cross_entropy_(x, t, None, -100, "mean", 0.0, 0.0, None)
     assert torch.equal(x.detach(), kept)
+    # What the mode cannot write into is refused in the public function's name too.
+    for logits, match in (((x * 1.0).t(), r"logits must have a contiguous last dimension \(stride 1\) to receive the "
+                                         r"gradient in place, got stride 50"),
+                          ((x[:1] * 1.0).expand(6, 50), r"logits has elements that share memory")):
+        with pytest.raises(ValueError, match=r"^fusedops.cross_entropy\(inplace_grad=True\): " + match):
+            fusedops.cross_entropy(logits, torch.zeros(logits.shape[:-1], dtype=torch.long, device=device),
+                                   inplace_grad=True)
     # A view made a leaf afterwards is a leaf itself (its base does not require grad).
     viewed_leaf = kept.clone().view(2, 3, -1).requires_grad_()
     with pytest.raises(RuntimeError, match=leaf_msg):

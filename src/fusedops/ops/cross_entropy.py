@@ -128,16 +128,7 @@ def check(op, logits, target, weight, ignore_index, reduction, label_smoothing, 
         _check_weight_goes_with(op, weight, logits)
     check_options(op, reduction, label_smoothing, z_loss, softcap)
     if in_place:
-        if V != 1 and logits.stride(-1) != 1:
-            raise ValueError(
-                f"{op}: logits must have a contiguous last dimension (stride 1) to receive the gradient in place, "
-                f"got stride {logits.stride(-1)}"
-            )
-        if logits.numel() > 0 and may_overlap(logits):
-            raise ValueError(
-                f"{op}: logits has elements that share memory (an expanded tensor?), so it cannot receive the "
-                "gradient in place"
-            )
+        refuse_unwritable_logits(op, logits)
 
 
 def check_forward(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
@@ -344,6 +335,21 @@ def _refuse_weight_grad(weight, grad_mode=True):
         )
 
 
+def refuse_unwritable_logits(op, logits):
+    """The in-place gradient mode writes whole rows of unit stride: a strided last dimension or
+    elements that share memory are refused."""
+    if logits.shape[-1] != 1 and logits.stride(-1) != 1:
+        raise ValueError(
+            f"{op}: logits must have a contiguous last dimension (stride 1) to receive the gradient in place, "
+            f"got stride {logits.stride(-1)}"
+        )
+    if logits.numel() > 0 and may_overlap(logits):
+        raise ValueError(
+            f"{op}: logits has elements that share memory (an expanded tensor?), so it cannot receive the "
+            "gradient in place"
+        )
+
+
 def _refuse_user_leaf(logits, op):
     """The in-place gradient mode overwrites the logits: refused, as torch refuses an in-place
     op, for a leaf that requires grad or a view of one (a tensor the user holds, whose gradient
@@ -499,6 +505,8 @@ def direct_inplace(logits, target, weight=None, ignore_index=-100, reduction="me
     """(loss, bad_target) of ``forward_(...)``: the gradient goes into the logits."""
     _refuse_weight_grad(weight)
     _refuse_user_leaf(logits, "fusedops.cross_entropy(inplace_grad=True)")
+    if logits.dim() > 0:  # (in the public function's name; the op checks the rest)
+        refuse_unwritable_logits("fusedops.cross_entropy(inplace_grad=True)", logits)
     loss, _lse, bad, _token = _apply_inplace(
         _unwrap(logits), target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
     )
