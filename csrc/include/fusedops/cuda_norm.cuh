@@ -809,7 +809,12 @@ __global__ void __launch_bounds__(kClusterThreads, kClusterForwardBlocks<VPT>)
 // benchmarks/cluster_kernels_ab.py --groups staged-fwd): rms_norm 3.49 -> 3.47 / 3.03 at
 // 2048x32768, 3.42 -> 3.31 / 2.59 at 512x131072, 3.33 -> 3.11 / 2.47 at 256x262144; layer_norm
 // 3.26 -> 3.13 / 2.30, 3.15 -> 2.87 / 2.04, 3.05 -> 2.61 / 1.92. The time a row spends per
-// cluster exchange and chunk, not the rounds, is what the wide forward loses.
+// cluster exchange and chunk, not the rounds, is what the wide forward loses. Nor sharing the
+// rows evenly over fewer resident clusters (ceil(rows / rounds): 43 clusters of 6 rows, not 49
+// with 11 rows in the last round, at 256x262144): equal at 256x262144, slower elsewhere (H200,
+// bf16, 2026-12-06, two alternating runs of one build switched by an environment variable, not
+// kept): rms_norm 3.52 -> 3.41-3.44 at 2048x32768, layer_norm 3.29-3.31 -> 3.12-3.13; layer_norm
+// at 100x262144 2.60-2.64 -> 2.21-2.22. Every block resident matters more than a full last round.
 // Also slower (2026-12-03, docs/ops/rms_norm.md "Two more layouts"): forward_cluster_kernel
 // (registers, sums pushed) for rms_norm and layer_norm, and the weight and bias staged in shared
 // memory beside a smaller chunk of x.
