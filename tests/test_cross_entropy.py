@@ -816,6 +816,7 @@ def test_slice_ops_opcheck_and_errors(device):
          r"logits.size\(1\) = 46"),
         (slice_args(weight=cw.half()), r"weight dtype float16 does not go with logits dtype float32"),
         (slice_args(cap=0.0), r"softcap must be a finite number > 0 \(or None\), got 0"),
+        (slice_args(cap=1e39), r"softcap must be at most float32's largest value, 3.40282e\+38, got 1e\+39"),
         (slice_args(state=stats[:, :3]), r"stats must have shape \[6, 4\], got shape \[6, 3\]"),
         (slice_args(state=stats.double()), r"stats dtype must be float32 for float32 logits"),
         (slice_args(state=stats.t().contiguous().t()), r"stats must be contiguous"),

@@ -453,13 +453,41 @@ def test_positions_out_of_range_gpu_kernels_write_nan():
     for out, x in ((q_out, q), (k_out, k)):
         assert out[:, :, 1:, :16].isnan().all()
         assert torch.equal(out[:, :, 1:, 16:], x[:, :, 1:, 16:])
+    # Tables with no rows (here a slice at the end of a buffer): every position is out of range,
+    # and no kernel reads a row, forward or backward.
+    empty = table[4:]
+    for op in (torch.ops.fusedops.rope, torch.ops.fusedops.rope_backward):
+        q_out, k_out, *bad = op(q, k, empty, empty, positions[:, :1].clone(), False)
+        if bad:
+            assert bad[0].item() == 0
+        for out, x in ((q_out, q), (k_out, k)):
+            assert out[..., :16].isnan().all() and torch.equal(out[..., 16:], x[..., 16:])
 
 
-@pytest.mark.skipif(
+_IN_THE_INTERPRETER = pytest.mark.skipif(
     HAS_CUDA or os.environ.get("TRITON_INTERPRET") != "1",
     reason="runs the Triton kernel in Triton's interpreter on a machine without a GPU (on a GPU, "
     "test_positions_out_of_range_gpu_kernels_write_nan runs it for real)",
 )
+
+
+@_IN_THE_INTERPRETER
+def test_triton_kernel_reads_no_row_of_an_empty_table():
+    """Tables with no rows: every position is out of range, and the kernel reads none (an
+    empty CPU tensor's pointer is null: a read would crash the interpreter)."""
+    from fusedops.ops import rope as op
+
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 12)[..., :8]
+    empty = torch.empty(0, 8)
+    positions = torch.tensor([[0, 2, 1]])
+    for name in ("rope", "rope_backward"):
+        q_out, k_out, *bad = op.TRITON_IMPLS[name](q, k, empty, empty, positions, False)
+        if bad:
+            assert bad[0].item() == 0
+        assert q_out.isnan().all() and k_out.isnan().all()
+
+
+@_IN_THE_INTERPRETER
 @pytest.mark.parametrize("heads_fast", [False, True])
 @pytest.mark.parametrize("batch_positions", [False, True], ids=["positions_1xS", "positions_BxS"])
 def test_triton_kernel_records_first_bad_position(batch_positions, heads_fast):

@@ -282,14 +282,15 @@ __global__ void __launch_bounds__(block_threads<G>(), min_blocks<T, C, G>()) rop
 
   const C* crow = a.cos + c_off;
   const C* srow = a.sin + n_off;
-  Held<C, VEC> ca = load_raw<kVector, VEC>(crow + ja);
-  const Held<C, VEC> na = load_raw<kVector, VEC>(srow + ja);
-  Held<C, VEC> cb{}, nb{};
-  if (has_b) {
-    cb = load_raw<kVector, VEC>(crow + jb);
-    nb = load_raw<kVector, VEC>(srow + jb);
-  }
-  if (!valid) {  // an invalid position's rotated features come out NaN
+  Held<C, VEC> ca{}, na{}, cb{}, nb{};
+  if (valid) {  // (an invalid position reads no table row: with an empty table, row 0 is not there)
+    ca = load_raw<kVector, VEC>(crow + ja);
+    na = load_raw<kVector, VEC>(srow + ja);
+    if (has_b) {
+      cb = load_raw<kVector, VEC>(crow + jb);
+      nb = load_raw<kVector, VEC>(srow + jb);
+    }
+  } else {  // an invalid position's rotated features come out NaN
     acc_t<C> nan[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; ++e) nan[e] = quiet_nan<acc_t<C>>();

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -91,6 +92,13 @@ inline std::string leading_shape(const Tensor& t) {
   return s + "]";
 }
 
+// The options reach the GPU kernels as float32 (a pair of them, for float64 logits): a value
+// past float32's range would arrive as inf there, so every backend refuses one alike.
+inline void check_float32_range(const char* op, const char* name, double value) {
+  FUSEDOPS_CHECK(value <= double(std::numeric_limits<float>::max()), op, ": ", name,
+                 " must be at most float32's largest value, 3.40282e+38, got ", value);
+}
+
 inline Problem make_problem(const char* op, const Tensor& logits, const Tensor& target,
                             const std::optional<Tensor>& weight, int64_t ignore_index, const std::string& reduction,
                             double label_smoothing, double z_loss, std::optional<double> softcap, bool compute_grad,
@@ -131,9 +139,12 @@ inline Problem make_problem(const char* op, const Tensor& logits, const Tensor& 
   FUSEDOPS_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ",
                  label_smoothing);
   FUSEDOPS_CHECK(z_loss >= 0.0 && std::isfinite(z_loss), op, ": z_loss must be a finite number >= 0, got ", z_loss);
-  if (softcap)
+  check_float32_range(op, "z_loss", z_loss);
+  if (softcap) {
     FUSEDOPS_CHECK(*softcap > 0.0 && std::isfinite(*softcap), op, ": softcap must be a finite number > 0 (or None), got ",
                    *softcap);
+    check_float32_range(op, "softcap", *softcap);
+  }
   if (in_place) {
     FUSEDOPS_CHECK(V == 1 || logits.stride(-1) == 1, op,
                    ": logits must have a contiguous last dimension (stride 1) to receive the gradient in place, got "
@@ -356,9 +367,11 @@ inline SliceProblem make_slice_problem(const char* op, const Tensor& logits, con
     FUSEDOPS_CHECK(same_device(*weight, logits), op, ": weight is on ", device_str(*weight), " but logits is on ",
                    device_str(logits));
   }
-  if (softcap)
+  if (softcap) {
     FUSEDOPS_CHECK(*softcap > 0.0 && std::isfinite(*softcap), op, ": softcap must be a finite number > 0 (or None), got ",
                    *softcap);
+    check_float32_range(op, "softcap", *softcap);
+  }
   const ScalarType acc = acc_dtype(logits.scalar_type());
   FUSEDOPS_CHECK(state.dim() == 2 && state.size(0) == R && state.size(1) == 4, op, ": ", state_name,
                  " must have shape [", R, ", 4], got shape ", shape_str(state));

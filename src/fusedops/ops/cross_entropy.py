@@ -76,8 +76,20 @@ def check_options(op, reduction, label_smoothing, z_loss, softcap):
         raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {_num(label_smoothing)}")
     if not (z_loss >= 0.0 and math.isfinite(z_loss)):
         raise ValueError(f"{op}: z_loss must be a finite number >= 0, got {_num(z_loss)}")
+    _check_float32_range(op, "z_loss", z_loss)
     if softcap is not None and not (softcap > 0.0 and math.isfinite(softcap)):
         raise ValueError(f"{op}: softcap must be a finite number > 0 (or None), got {_num(softcap)}")
+    if softcap is not None:
+        _check_float32_range(op, "softcap", softcap)
+
+
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def _check_float32_range(op, name, value):
+    """cross_entropy.h's check_float32_range: the GPU kernels take the options as float32."""
+    if value > _FLOAT32_MAX:
+        raise ValueError(f"{op}: {name} must be at most float32's largest value, 3.40282e+38, got {_num(value)}")
 
 
 def _check_weight_goes_with(op, weight, logits):
@@ -588,6 +600,8 @@ def check_slice(op, logits, target, weight, class_start, softcap, state, state_n
         _check_weight_goes_with(op, weight, logits)
     if softcap is not None and not (softcap > 0.0 and math.isfinite(softcap)):
         raise ValueError(f"{op}: softcap must be a finite number > 0 (or None), got {_num(softcap)}")
+    if softcap is not None:
+        _check_float32_range(op, "softcap", softcap)
     acc = acc_dtype(logits.dtype)
     if state.dim() != 2 or state.shape[0] != R or state.shape[1] != 4:
         raise ValueError(f"{op}: {state_name} must have shape [{R}, 4], got shape {shape_str(state)}")

@@ -183,6 +183,12 @@ def error_samples(device):
               r"cross_entropy: softcap must be a finite number > 0 \(or None\), got 0", "softcap 0")
     yield bad((x, t, None, -100, "mean", 0.0, 0.0, -2.0),
               r"cross_entropy: softcap must be a finite number > 0 \(or None\), got -2", "negative softcap")
+    yield bad((x, t, None, -100, "mean", 0.0, 0.0, 1e39),
+              r"cross_entropy: softcap must be at most float32's largest value, 3.40282e\+38, got 1e\+39",
+              "softcap past float32")
+    yield bad((x, t, None, -100, "mean", 0.0, 4e38, None),
+              r"cross_entropy: z_loss must be at most float32's largest value, 3.40282e\+38, got 4e\+38",
+              "z_loss past float32")
     if device == "cpu":  # values are seen by the CPU kernel only (GPU: tests/test_cross_entropy.py)
         yield bad((x, torch.tensor([1, 2, 10, 3], device=device), None) + opts,
                   r"cross_entropy: target\[2\] = 10 is outside \[0, 10\) and is not ignore_index \(-100\)",

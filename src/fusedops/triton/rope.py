@@ -126,6 +126,8 @@ def _rope_kernel(
         sin_off = b * sin_b + s * sin_s
     j = tl.arange(0, BLOCK_H)[None, None, :]
     mask_c = mask_p[:, None, None] & (j < HALF)
+    if HAS_POS:  # (an invalid position reads no table row: with an empty table, row 0 is not there)
+        mask_c = mask_c & valid[:, None, None]
     # Element a of each pair is the first half (or the even element), b its partner. The
     # cosines and signed sines: y_a = x_a*c_a + x_b*s_a, y_b = x_b*c_b + x_a*s_b.
     if INTERLEAVED:
