@@ -453,9 +453,9 @@ def test_positions_out_of_range_gpu_kernels_write_nan():
     for out, x in ((q_out, q), (k_out, k)):
         assert out[:, :, 1:, :16].isnan().all()
         assert torch.equal(out[:, :, 1:, 16:], x[:, :, 1:, 16:])
-    # Tables with no rows (here a slice at the end of a buffer): every position is out of range,
-    # and no kernel reads a row, forward or backward.
-    empty = table[4:]
+    # Tables with no rows (a null pointer): every position is out of range, and no kernel reads
+    # where a row would be, forward or backward.
+    empty = torch.empty(0, 16, device="cuda")
     for op in (torch.ops.fusedops.rope, torch.ops.fusedops.rope_backward):
         q_out, k_out, *bad = op(q, k, empty, empty, torch.tensor([[0, 1, 2]], device="cuda"), False)
         if bad:
@@ -473,8 +473,8 @@ _IN_THE_INTERPRETER = pytest.mark.skipif(
 
 @_IN_THE_INTERPRETER
 def test_triton_kernel_reads_no_row_of_an_empty_table():
-    """Tables with no rows: every position is out of range, and the kernel reads none (an
-    empty CPU tensor's pointer is null: a read would crash the interpreter)."""
+    """Tables with no rows: every position is out of range, and the kernel reads nothing where a
+    row would be (an empty CPU tensor's pointer is null: a read would crash the interpreter)."""
     from fusedops.ops import rope as op
 
     q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 12)[..., :8]

@@ -282,15 +282,14 @@ __global__ void __launch_bounds__(block_threads<G>(), min_blocks<T, C, G>()) rop
 
   const C* crow = a.cos + c_off;
   const C* srow = a.sin + n_off;
-  Held<C, VEC> ca{}, na{}, cb{}, nb{};
-  if (valid) {  // (an invalid position reads no table row: with an empty table, row 0 is not there)
-    ca = load_raw<kVector, VEC>(crow + ja);
-    na = load_raw<kVector, VEC>(srow + ja);
-    if (has_b) {
-      cb = load_raw<kVector, VEC>(crow + jb);
-      nb = load_raw<kVector, VEC>(srow + jb);
-    }
-  } else {  // an invalid position's rotated features come out NaN
+  Held<C, VEC> ca = load_raw<kVector, VEC>(crow + ja);
+  const Held<C, VEC> na = load_raw<kVector, VEC>(srow + ja);
+  Held<C, VEC> cb{}, nb{};
+  if (has_b) {
+    cb = load_raw<kVector, VEC>(crow + jb);
+    nb = load_raw<kVector, VEC>(srow + jb);
+  }
+  if (!valid) {  // an invalid position's rotated features come out NaN
     acc_t<C> nan[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; ++e) nan[e] = quiet_nan<acc_t<C>>();
@@ -378,6 +377,15 @@ void run_typed(const Problem& p, const Outputs& o, const char* op) {
   }
   a.cos = reinterpret_cast<const DC*>(p.cos.const_data_ptr<C>());
   a.sin = reinterpret_cast<const DC*>(p.sin.const_data_ptr<C>());
+  // Tables without rows (with position_ids): every position is out of range, and the kernel,
+  // which reads row 0 in place of such a position's row (its result is NaN either way), reads a
+  // row of zeros instead of memory that is not there.
+  std::optional<Tensor> zero_row;
+  if (p.position_ids && p.P == 0 && p.R > 0) {
+    zero_row = empty_like_device(p.cos, {p.R}, p.cos.scalar_type());
+    torch::stable::fill_(*zero_row, 0.0);
+    a.cos = a.sin = reinterpret_cast<const DC*>(zero_row->const_data_ptr<C>());
+  }
   if (p.position_ids) {
     a.pos = p.position_ids->const_data_ptr();
     a.pos32 = p.position_ids->scalar_type() == ScalarType::Int;

@@ -126,8 +126,6 @@ def _rope_kernel(
         sin_off = b * sin_b + s * sin_s
     j = tl.arange(0, BLOCK_H)[None, None, :]
     mask_c = mask_p[:, None, None] & (j < HALF)
-    if HAS_POS:  # (an invalid position reads no table row: with an empty table, row 0 is not there)
-        mask_c = mask_c & valid[:, None, None]
     # Element a of each pair is the first half (or the even element), b its partner. The
     # cosines and signed sines: y_a = x_a*c_a + x_b*s_a, y_b = x_b*c_b + x_a*s_b.
     if INTERLEAVED:
@@ -263,6 +261,10 @@ def rope(
         pos_b = 0 if pos.shape[0] == 1 else pos.stride(0)
         pos_s = pos.stride(1)
         P = cos.shape[0]
+        if P == 0:
+            # Every position is out of range; the kernel stands row 0 in for such a position's
+            # row (its result is NaN either way), which tables without rows lack: a row of zeros.
+            cos = sin = cos.new_zeros(1, R)
         cos_b, cos_s, sin_b, sin_s = 0, cos.stride(0), 0, sin.stride(0)
     else:
         pos, pos_b, pos_s, P = dummy, 0, 0, 0
