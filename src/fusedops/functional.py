@@ -63,8 +63,10 @@ def _name_the_mistyped_argument(function, arguments):
 
 
 # What the schemas take for each scalar annotation (numbers.Real: int, float, numpy's floats;
-# numbers.Integral: int, numpy's integers, and bool, as torch's int arguments).
+# numbers.Integral: int, numpy's integers, and bool, as torch's int arguments; bool: bool only,
+# not 0 or 1), with the exceptions _is_a adds.
 _SCALAR_TYPES = {str: str, float: numbers.Real, int: numbers.Integral, bool: bool}
+_OPTIONAL_SCALAR_TYPES = {Optional[float]: float, Optional[int]: int}
 
 
 def _is_a(scalar_type, value) -> bool:
@@ -78,7 +80,7 @@ def _is_a(scalar_type, value) -> bool:
         np = sys.modules.get("numpy")
         return np is not None and isinstance(value, np.bool_)
     return False
-_OPTIONAL_SCALAR_TYPES = {Optional[float]: float, Optional[int]: int}
+
 
 _rms_norm_op = _rms_norm.forward
 _add_rms_norm_op = _add_rms_norm.forward
@@ -656,7 +658,7 @@ def linear_cross_entropy(
             _linear_cross_entropy._refuse_class_weight_grad(class_weight)
         args = (
             hidden, weight, target, bias, class_weight, ignore_index, reduction, float(label_smoothing),
-            float(z_loss), None if softcap is None else float(softcap), chunk_rows, low_memory,
+            float(z_loss), None if softcap is None else float(softcap), chunk_rows, bool(low_memory),
             chunk_classes,
             needs_grad and reduction != "none",
         )
