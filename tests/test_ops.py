@@ -188,8 +188,9 @@ def test_public_function_names_a_non_tensor(info):
 def test_public_function_names_a_mistyped_option(info):
     """None for a str, float or int option of the public function (a str for an optional float
     or int, or for a bool) raises TypeError naming it, where the schema's own cast or a
-    comparison would say only which type it expected (or a truthy string would switch a mode on). (The sample's leading arguments fill the function's required
-    parameters; each option goes by keyword.)"""
+    comparison would say only which type it expected (or a truthy string would switch a mode
+    on). (The sample's leading arguments fill the function's required parameters; each option
+    goes by keyword.)"""
     function = getattr(fusedops, info.name)
     params = inspect.signature(function).parameters
     required = [p for p in params.values() if p.default is inspect.Parameter.empty]

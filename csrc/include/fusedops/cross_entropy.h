@@ -99,6 +99,13 @@ inline void check_float32_range(const char* op, const char* name, double value) 
                  " must be at most float32's largest value, 3.40282e+38, got ", value);
 }
 
+inline void check_softcap(const char* op, std::optional<double> softcap) {
+  if (!softcap) return;
+  FUSEDOPS_CHECK(*softcap > 0.0 && std::isfinite(*softcap), op, ": softcap must be a finite number > 0 (or None), got ",
+                 *softcap);
+  check_float32_range(op, "softcap", *softcap);
+}
+
 inline Problem make_problem(const char* op, const Tensor& logits, const Tensor& target,
                             const std::optional<Tensor>& weight, int64_t ignore_index, const std::string& reduction,
                             double label_smoothing, double z_loss, std::optional<double> softcap, bool compute_grad,
@@ -140,11 +147,7 @@ inline Problem make_problem(const char* op, const Tensor& logits, const Tensor& 
                  label_smoothing);
   FUSEDOPS_CHECK(z_loss >= 0.0 && std::isfinite(z_loss), op, ": z_loss must be a finite number >= 0, got ", z_loss);
   check_float32_range(op, "z_loss", z_loss);
-  if (softcap) {
-    FUSEDOPS_CHECK(*softcap > 0.0 && std::isfinite(*softcap), op, ": softcap must be a finite number > 0 (or None), got ",
-                   *softcap);
-    check_float32_range(op, "softcap", *softcap);
-  }
+  check_softcap(op, softcap);
   if (in_place) {
     FUSEDOPS_CHECK(V == 1 || logits.stride(-1) == 1, op,
                    ": logits must have a contiguous last dimension (stride 1) to receive the gradient in place, got "
@@ -367,11 +370,7 @@ inline SliceProblem make_slice_problem(const char* op, const Tensor& logits, con
     FUSEDOPS_CHECK(same_device(*weight, logits), op, ": weight is on ", device_str(*weight), " but logits is on ",
                    device_str(logits));
   }
-  if (softcap) {
-    FUSEDOPS_CHECK(*softcap > 0.0 && std::isfinite(*softcap), op, ": softcap must be a finite number > 0 (or None), got ",
-                   *softcap);
-    check_float32_range(op, "softcap", *softcap);
-  }
+  check_softcap(op, softcap);
   const ScalarType acc = acc_dtype(logits.scalar_type());
   FUSEDOPS_CHECK(state.dim() == 2 && state.size(0) == R && state.size(1) == 4, op, ": ", state_name,
                  " must have shape [", R, ", 4], got shape ", shape_str(state));

@@ -68,6 +68,24 @@ def _leading(logits):
     return "[" + ", ".join(str(s) for s in logits.shape[:-1]) + "]"
 
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def _check_float32_range(op, name, value):
+    """cross_entropy.h's check_float32_range: the GPU kernels take the options as float32."""
+    if value > _FLOAT32_MAX:
+        raise ValueError(f"{op}: {name} must be at most float32's largest value, 3.40282e+38, got {_num(value)}")
+
+
+def _check_softcap(op, softcap):
+    """cross_entropy.h's check_softcap."""
+    if softcap is None:
+        return
+    if not (softcap > 0.0 and math.isfinite(softcap)):
+        raise ValueError(f"{op}: softcap must be a finite number > 0 (or None), got {_num(softcap)}")
+    _check_float32_range(op, "softcap", softcap)
+
+
 def check_options(op, reduction, label_smoothing, z_loss, softcap):
     """The loss options' checks (linear_cross_entropy's too)."""
     if reduction not in REDUCTIONS:
@@ -77,19 +95,7 @@ def check_options(op, reduction, label_smoothing, z_loss, softcap):
     if not (z_loss >= 0.0 and math.isfinite(z_loss)):
         raise ValueError(f"{op}: z_loss must be a finite number >= 0, got {_num(z_loss)}")
     _check_float32_range(op, "z_loss", z_loss)
-    if softcap is not None and not (softcap > 0.0 and math.isfinite(softcap)):
-        raise ValueError(f"{op}: softcap must be a finite number > 0 (or None), got {_num(softcap)}")
-    if softcap is not None:
-        _check_float32_range(op, "softcap", softcap)
-
-
-_FLOAT32_MAX = torch.finfo(torch.float32).max
-
-
-def _check_float32_range(op, name, value):
-    """cross_entropy.h's check_float32_range: the GPU kernels take the options as float32."""
-    if value > _FLOAT32_MAX:
-        raise ValueError(f"{op}: {name} must be at most float32's largest value, 3.40282e+38, got {_num(value)}")
+    _check_softcap(op, softcap)
 
 
 def _check_weight_goes_with(op, weight, logits):
@@ -598,10 +604,7 @@ def check_slice(op, logits, target, weight, class_start, softcap, state, state_n
                 f"class_start + logits.size(1) = {class_start + S} of them, got shape {shape_str(weight)}"
             )
         _check_weight_goes_with(op, weight, logits)
-    if softcap is not None and not (softcap > 0.0 and math.isfinite(softcap)):
-        raise ValueError(f"{op}: softcap must be a finite number > 0 (or None), got {_num(softcap)}")
-    if softcap is not None:
-        _check_float32_range(op, "softcap", softcap)
+    _check_softcap(op, softcap)
     acc = acc_dtype(logits.dtype)
     if state.dim() != 2 or state.shape[0] != R or state.shape[1] != 4:
         raise ValueError(f"{op}: {state_name} must have shape [{R}, 4], got shape {shape_str(state)}")
