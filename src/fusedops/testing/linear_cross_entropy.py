@@ -365,7 +365,10 @@ def check_large_input(device):
 # float32: the products round once per element (H-term sums) against fp64. bfloat16/float16:
 # the logits are rounded to the input dtype before the loss (as the materialised path rounds
 # them), then the gradient of the logits is rounded again, then the products; gradients are
-# compared relative to their largest element.
+# compared relative to their largest element. A bf16 logit of a few units is off by up to 3e-2
+# (half an ulp at 8), which moves its probability, and so the gradient, by up to 3%: over 2000
+# seeds the worst bf16 weight gradient ("z_loss sum, one row a chunk") reached 1.07x an atol of
+# 2e-2, hence 3e-2, as for the loss.
 TOL = {
     torch.float32: Tolerance(atol=2e-5, rtol=2e-5),
     torch.bfloat16: Tolerance(atol=3e-2, rtol=2e-2),
@@ -374,7 +377,7 @@ TOL = {
 }
 GRAD_TOL = {
     torch.float32: Tolerance(atol=2e-5, rtol=2e-5),
-    torch.bfloat16: Tolerance(atol=2e-2, rtol=3e-2),
+    torch.bfloat16: Tolerance(atol=3e-2, rtol=3e-2),
     torch.float16: Tolerance(atol=3e-3, rtol=4e-3),
     torch.float64: Tolerance(atol=1e-10, rtol=1e-10),
 }
