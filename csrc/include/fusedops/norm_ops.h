@@ -50,6 +50,11 @@ std::tuple<Tensor, Tensor> add_rms_norm_inplace(Tensor input, Tensor residual, s
   FUSEDOPS_CHECK(residual.numel() == 0 || !may_overlap(residual),
                  "add_rms_norm_: residual has rows that share memory (an expanded tensor?), so it cannot be written "
                  "in place; pass a contiguous residual");
+  // Rows written before later rows read the weight: eager and compiled (functionalised) calls
+  // would disagree.
+  FUSEDOPS_CHECK(!weight || overlap(*weight, residual) == Overlap::kNone,
+                 "add_rms_norm_: weight shares memory with residual, which is updated in place; pass a weight that "
+                 "does not overlap residual (a clone)");
   const ForwardOutputs o = add_forward_outputs(p, true, "add_rms_norm_");
   K::add_forward(p, o, "add_rms_norm_");
   finish_in_place(residual, o);

@@ -194,6 +194,13 @@ def check_add_forward(op, input, residual, weight, eps, offset, in_place=False):
             f"{op}: residual and input share part of their memory (overlapping views of one buffer?), so residual "
             "cannot be updated in place; pass tensors that do not overlap"
         )
+    if in_place and weight is not None and overlap(weight, residual) is not None:
+        # Rows written before later rows read the weight: eager and compiled (functionalised)
+        # calls would disagree.
+        raise ValueError(
+            f"{op}: weight shares memory with residual, which is updated in place; pass a weight that does not "
+            "overlap residual (a clone)"
+        )
 
 
 def check_stat(op, forward_op, name, input, stat):

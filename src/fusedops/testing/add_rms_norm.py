@@ -95,6 +95,11 @@ def error_samples(device):
                   r"add_rms_norm_: residual and input share part of their memory \(overlapping views of one "
                   r"buffer\?\), so residual cannot be updated in place", "in-place residual overlapping input",
                   op=_op.forward_)
+        for weight, residual, what in ((buf[2], buf[:4], "a row of"), (buf[0], buf[0], "the same tensor as")):
+            yield bad((torch.randn(residual.shape, device=device), residual, weight, 1e-6),
+                      r"add_rms_norm_: weight shares memory with residual, which is updated in place; pass a weight "
+                      r"that does not overlap residual \(a clone\)", f"in-place weight {what} residual",
+                      op=_op.forward_)
     # The backward op checks its arguments against each other.
     rstd = torch.ones(4, device=device)
     bwd = _op.backward
