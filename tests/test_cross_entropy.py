@@ -166,6 +166,26 @@ def test_vmap_forward_and_backward(device, reduction):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_batched_backward_like_torch(device, reduction):
+    """Several vector-Jacobian products at once (is_grads_batched=True, and jacobian with
+    vectorize=True): the backward leaves the saved gradient as it is (a batched grad_output
+    cannot scale it in place), and every product is torch's."""
+    x, t = _problem(device, dtype=torch.float64, shape=(5, 7))
+    xr = x.detach().requires_grad_()
+    out_shape = (5,) if reduction == "none" else ()
+    v = torch.randn(3, *out_shape, dtype=torch.float64, device=device)
+    (got,) = torch.autograd.grad(fusedops.cross_entropy(x, t, reduction=reduction), x, v, is_grads_batched=True)
+    (want,) = torch.autograd.grad(F.cross_entropy(xr, t, reduction=reduction), xr, v, is_grads_batched=True)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+    jac = torch.autograd.functional.jacobian(lambda x: fusedops.cross_entropy(x, t, reduction=reduction), x,
+                                             vectorize=True)
+    jac_ref = torch.autograd.functional.jacobian(lambda x: F.cross_entropy(x, t, reduction=reduction), xr,
+                                                 vectorize=True)
+    torch.testing.assert_close(jac, jac_ref, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_vmap_bad_target_raises_in_the_call(device):
     """A target out of range in one vmapped problem raises in the call on every device (on a GPU
     the flag of each problem is read at once: a deferred record would outlive the transform)."""

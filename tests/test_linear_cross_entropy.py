@@ -67,6 +67,22 @@ def test_every_option_fp64(device, reduction, mode):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("mode", MODES)
+def test_batched_backward(device, reduction, mode):
+    """Several vector-Jacobian products at once (is_grads_batched=True): each is the
+    reference's, and the saved gradient is not scaled in place by the batched grad_output."""
+    h, w, b, t = _inputs(7, 6, 11, device)
+    v = torch.randn(3, *((7,) if reduction == "none" else ()), dtype=torch.float64, device=device)
+    loss = fusedops.linear_cross_entropy(h, w, t, b, reduction=reduction, **mode)
+    got = torch.autograd.grad(loss, (h, w, b), v, is_grads_batched=True)
+    ref = reference(h, w, t, b, reduction=reduction)
+    want = torch.autograd.grad(ref, (h, w, b), v, is_grads_batched=True)
+    for a, e, what in zip(got, want, ("hidden", "weight", "bias")):
+        _close(a, e, what=what)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("N", [0, 1, 5, 8, 13])
 def test_chunk_boundaries(device, N):
     """Chunks of 1, 4, 5, 8 and 64 rows (N a multiple, not a multiple, smaller than a chunk,

@@ -22,13 +22,14 @@ turns each slice into its gradient.
 Saved for backward: only the gradient the forward already computed (compute_grad=True; a
 logits-sized tensor in the logits' dtype, or, for cross_entropy_, the logits tensor that now
 holds it); with compute_grad=False for logits that need a gradient after all (under vmap),
-the logits, target and weight, from which the backward computes it. Nothing else: the backward is grad_output times that gradient. Eager backward scales
-it in place (cross_entropy_backward_, a no-op for rows whose scale is exactly 1, which is what
+the logits, target and weight, from which the backward computes it. Nothing else: the
+backward is grad_output times that gradient. Eager backward scales it in place
+(cross_entropy_backward_, a no-op for rows whose scale is exactly 1, which is what
 ``loss.backward()`` passes) and hands it on, so forward plus backward reads the logits once and
 writes one gradient. When the graph is retained (retain_graph=True, or create_graph), under
-torch.compile, or on a torch without the engine's keep-graph query, the backward writes a new
-tensor instead (cross_entropy_backward), so a second backward through the same graph sees the
-unscaled gradient again. Double backward raises. Gradients with respect to weight raise (torch
+torch.compile, for a batched grad_output (is_grads_batched=True), or on a torch without the
+engine's keep-graph query, the backward writes a new tensor instead (cross_entropy_backward),
+so a second backward through the same graph sees the unscaled gradient again. Double backward raises. Gradients with respect to weight raise (torch
 has none either).
 
 Autocast rule: nothing is cast. The logits stay in their dtype (the kernels compute in float32
@@ -261,11 +262,15 @@ def _may_scale_in_place(grad_output, grad, private):
     """Whether this backward may scale the saved gradient where it is: a gradient no caller holds
     (`private`: the public functions drop the op's gradient outputs), in an eager backward (real
     tensors, grad mode off) that frees the graph after it, so nothing can read it again. Without
-    the engine's query (older torch) it never does."""
+    the engine's query (older torch) it never does; nor under a torch.func transform or for a
+    batched grad_output (`is_grads_batched=True`, torch's older vmap), which cannot scale an
+    unbatched gradient in place."""
     return (
         private
         and _keep_graph is not None
         and not torch.is_grad_enabled()
+        and not torch._C._are_functorch_transforms_active()
+        and not torch._C._functorch.is_legacy_batchedtensor(grad_output)
         and type(grad) is torch.Tensor
         and type(grad_output) is torch.Tensor
         and not _keep_graph()
