@@ -565,6 +565,33 @@ def test_module_loads_an_lm_head_and_matches(mode):
     assert "hidden_size=16, vocab_size=50, bias=True" in repr(tied)
 
 
+
+def test_module_class_weight_outlives_meta_construction():
+    """class_weight is not in the state_dict, so no load restores it: built on the meta device
+    (the context manager, or device="meta") and made real with to_empty() (through a parent
+    module too), it keeps its values; device= places it; edits survive conversions."""
+    torch.manual_seed(0)
+    cw = torch.rand(50) + 0.5
+    lm_head = torch.nn.Linear(16, 50)
+    h, t = torch.randn(7, 16), torch.randint(0, 50, (7,))
+    ref = reference(h.double(), lm_head.weight.double(), t, lm_head.bias.double(), class_weight=cw.double())
+    with torch.device("meta"):
+        built_in_context = torch.nn.Sequential(fusedops.nn.LinearCrossEntropyLoss(16, 50, bias=True, class_weight=cw))
+    built_on_meta = torch.nn.Sequential(
+        fusedops.nn.LinearCrossEntropyLoss(16, 50, bias=True, class_weight=cw, device="meta"))
+    assert built_on_meta[0].class_weight.is_meta
+    for model in (built_in_context, built_on_meta):
+        model.to_empty(device="cpu")
+        model[0].load_state_dict(lm_head.state_dict())
+        assert torch.equal(model[0].class_weight, cw)
+        _close(model[0](h, t).double(), ref)
+    edited = fusedops.nn.LinearCrossEntropyLoss(16, 50, class_weight=cw.clone())
+    edited.class_weight[0] = 3.0
+    edited.double().to_empty(device="cpu")
+    assert edited.class_weight.dtype == torch.float64 and edited.class_weight[0] == 3.0
+    tied = fusedops.nn.LinearCrossEntropyLoss.from_linear(lm_head, class_weight=cw)
+    assert tied.class_weight is cw
+
 _FSDP_SCRIPT = r"""
 import os, sys, torch, torch.distributed as dist, fusedops
 from torch.distributed.fsdp import fully_shard

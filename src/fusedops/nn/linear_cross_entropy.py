@@ -20,9 +20,10 @@ class LinearCrossEntropyLoss(torch.nn.Module):
     For a model whose ``lm_head`` is tied to its input embedding, use :meth:`from_linear`, which
     shares the existing parameter instead of making one. The loss options are those of
     :func:`fusedops.linear_cross_entropy`; ``class_weight`` is a buffer (it follows ``.to()``, as
-    torch's ``CrossEntropyLoss.weight``) kept out of the ``state_dict``: it is a loss option
-    given to the constructor, like the others, and an ``lm_head``'s ``state_dict`` loads strictly
-    with it as without it.
+    torch's ``CrossEntropyLoss.weight``, and is placed on ``device``) kept out of the
+    ``state_dict``: it is a loss option given to the constructor, like the others, and an
+    ``lm_head``'s ``state_dict`` loads strictly with it as without it. Since no load restores it,
+    it keeps its values through ``to_empty()`` too (a model built on the meta device).
     """
 
     __constants__ = ["ignore_index", "reduction", "label_smoothing", "z_loss", "softcap", "chunk_rows",
@@ -56,6 +57,10 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             self.bias = torch.nn.Parameter(torch.empty(vocab_size, **factory))
         else:
             self.register_parameter("bias", None)
+        # Where class_weight's values come from when the buffer holds none (on the meta device).
+        self._class_weight_given = class_weight
+        if class_weight is not None and device is not None:
+            class_weight = class_weight.to(device)
         self.register_buffer("class_weight", class_weight, persistent=False)
         self.ignore_index = int(ignore_index)
         self.reduction = reduction
@@ -75,6 +80,19 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             bound = 1 / math.sqrt(self.hidden_size) if self.hidden_size > 0 else 0
             torch.nn.init.uniform_(self.bias, -bound, bound)
 
+    def _apply(self, fn, recurse=True):
+        # class_weight is not state a load restores: its values must outlive every conversion,
+        # to_empty() (which leaves buffers uninitialised) included.
+        values = self.class_weight
+        if values is not None and values.is_meta:
+            values = self._class_weight_given
+        super()._apply(fn, recurse)
+        converted = self.class_weight
+        if values is not None and converted is not values and not values.is_meta:
+            with torch.no_grad():
+                converted.copy_(values)
+        return self
+
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, **loss_options) -> "LinearCrossEntropyLoss":
         """A module that uses ``linear``'s parameters themselves (tied embeddings stay tied);
@@ -86,6 +104,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
                     "pass only loss options"
                 )
         module = cls(1, 1, bias=False, device="meta", **loss_options)
+        module.class_weight = module._class_weight_given  # (where it was given, not on meta)
         module.hidden_size, module.vocab_size = linear.in_features, linear.out_features
         module.weight = linear.weight
         module.bias = linear.bias
