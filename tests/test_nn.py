@@ -46,10 +46,11 @@ def test_wrong_trailing_shape(ours):
         ours(16)(torch.randn(2, 8))
 
 
-def test_add_rms_norm_without_weight_checks_the_width():
-    """As RMSNorm(elementwise_affine=False): with no weight to catch it, the module itself does."""
+@pytest.mark.parametrize("affine", [True, False])
+def test_add_rms_norm_checks_the_width(affine):
+    """As RMSNorm: the input is named, not the module's own weight."""
     with pytest.raises(ValueError, match=r"AddRMSNorm: input's trailing shape \[8\] does not match hidden_size 16"):
-        fusedops.nn.AddRMSNorm(16, elementwise_affine=False)(torch.randn(2, 8), torch.randn(2, 8))
+        fusedops.nn.AddRMSNorm(16, elementwise_affine=affine)(torch.randn(2, 8), torch.randn(2, 8))
 
 
 @pytest.mark.parametrize("ours", [fusedops.nn.RMSNorm, fusedops.nn.AddRMSNorm])

@@ -60,8 +60,8 @@ class AddRMSNorm(torch.nn.Module):
     def forward(self, input: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
         require_tensor("AddRMSNorm", "input", input)
         require_tensor("AddRMSNorm", "residual", residual)
-        if self.weight is None and input.shape[-1:] != (self.hidden_size,):
-            # (with a weight, the op's own check of its size says this)
+        if input.shape[-1:] != (self.hidden_size,):
+            # (the op would blame the weight, which is the module's and right)
             raise ValueError(
                 f"AddRMSNorm: input's trailing shape {list(input.shape[-1:])} does not match hidden_size "
                 f"{self.hidden_size}"
