@@ -285,6 +285,21 @@ def test_double_backward_raises(info, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("info", OPS)
+def test_forward_mode_ad_raises(info, device):
+    """No route has a forward-mode formula: a tangent through the op would come out zero or
+    missing, so the public function refuses forward mode instead."""
+    sample = next(info.samples(device, torch.float64, requires_grad=False, edge=False))
+    x = sample.args[0]
+    rest = sample.args[1:]
+    match = "fusedops ops have no forward-mode AD"
+    with pytest.raises(NotImplementedError, match=match):
+        torch.func.jvp(lambda x: outputs_of(info.public(x, *rest))[0], (x,), (torch.randn_like(x),))
+    with torch.autograd.forward_ad.dual_level(), pytest.raises(NotImplementedError, match=match):
+        info.public(torch.autograd.forward_ad.make_dual(x, torch.randn_like(x)), *rest)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", OPS)
 def test_gradgradcheck_fp64(info, device):
     """Ops that support double backward: second derivatives against finite differences."""
     if not info.double_backward:

@@ -19,6 +19,7 @@ save uncast), or inside functorch transforms (which need ``Function.apply``'s ow
 import contextlib
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 # Entered around a call, sends it past the Autograd keys: where the Autograd kernel redispatches.
 BelowAutograd = torch._C._AutoDispatchBelowAutograd
@@ -35,6 +36,14 @@ _base_apply = torch._C._FunctionBase.__dict__["apply"]
 
 
 def direct_call_allowed() -> bool:
+    """Whether the public function may call its op directly (above). Raises NotImplementedError
+    inside a forward-mode AD level, which no route supports: the op's tangent would come out
+    zero or missing, silently."""
+    if _forward_ad._current_level >= 0:
+        raise NotImplementedError(
+            "fusedops ops have no forward-mode AD (torch.func.jvp, jacfwd, hessian, torch.autograd.forward_ad): "
+            "the tangent through them would be lost; use reverse mode (backward, torch.autograd.grad)"
+        )
     return not (_is_compiling() or _any_autocast() or _functorch_active())
 
 
