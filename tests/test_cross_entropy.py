@@ -186,6 +186,22 @@ def test_batched_backward_like_torch(device, reduction):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("inplace_grad", [False, True])
+def test_saved_gradient_unpacked_with_other_strides(device, inplace_grad):
+    """A saved-tensor hook may hand the saved gradient back with other strides (here stored
+    transposed, unpacked as a transposed view): the backward, which scales it in place when it
+    can, then writes a new tensor, with torch's result."""
+    x, t = _problem(device, dtype=torch.float64, shape=(5, 7))
+    pack = lambda s: s.t().contiguous() if s.dim() == 2 else s  # noqa: E731
+    unpack = lambda s: s.t() if s.dim() == 2 else s  # noqa: E731
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        loss = fusedops.cross_entropy(x * 1.0, t, inplace_grad=inplace_grad)
+    (got,) = torch.autograd.grad(loss, x)
+    (want,) = torch.autograd.grad(F.cross_entropy(x, t), x)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_vmap_bad_target_raises_in_the_call(device):
     """A target out of range in one vmapped problem raises in the call on every device (on a GPU
     the flag of each problem is read at once: a deferred record would outlive the transform)."""

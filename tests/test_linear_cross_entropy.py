@@ -83,6 +83,22 @@ def test_batched_backward(device, reduction, mode):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", MODES)
+def test_saved_gradient_unpacked_with_other_strides(device, mode):
+    """A saved-tensor hook that hands the saved hidden gradient back transposed: the backward
+    scales a new tensor instead of refusing it."""
+    h, w, b, t = _inputs(7, 6, 11, device)
+    pack = lambda s: s.t().contiguous() if s.dim() == 2 else s  # noqa: E731
+    unpack = lambda s: s.t() if s.dim() == 2 else s  # noqa: E731
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        loss = fusedops.linear_cross_entropy(h * 1.0, w, t, b, **mode)
+    got = torch.autograd.grad(loss, (h, w, b))
+    want = torch.autograd.grad(reference(h, w, t, b), (h, w, b))
+    for a, e, what in zip(got, want, ("hidden", "weight", "bias")):
+        _close(a, e, what=what)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("N", [0, 1, 5, 8, 13])
 def test_chunk_boundaries(device, N):
     """Chunks of 1, 4, 5, 8 and 64 rows (N a multiple, not a multiple, smaller than a chunk,

@@ -173,10 +173,19 @@ def check_backward(grad_output, grad_logits, op="cross_entropy_backward"):
             f"{_leading(grad_logits)} (reduction 'none'), got shape {shape_str(grad_output)}"
         )
     if op == "cross_entropy_backward_":
-        if grad_logits.shape[-1] > 1 and grad_logits.stride(-1) != 1:
+        if not _unit_last_stride(grad_logits):
             raise ValueError(f"{op}: grad_logits must have a contiguous last dimension to be scaled in place")
         if grad_logits.numel() > 0 and may_overlap(grad_logits):
             raise ValueError(f"{op}: grad_logits has elements that share memory, so it cannot be scaled in place")
+
+
+def _unit_last_stride(t):
+    return t.shape[-1] <= 1 or t.stride(-1) == 1
+
+
+def _scalable_in_place(t):
+    """Whether cross_entropy_backward_ takes `t` (its checks above)."""
+    return t.is_contiguous() or (_unit_last_stride(t) and (t.numel() == 0 or not may_overlap(t)))
 
 
 def bad_target_message(op, target, index, V, ignore_index):
@@ -264,7 +273,8 @@ def _may_scale_in_place(grad_output, grad, private):
     tensors, grad mode off) that frees the graph after it, so nothing can read it again. Without
     the engine's query (older torch) it never does; nor under a torch.func transform or for a
     batched grad_output (`is_grads_batched=True`, torch's older vmap), which cannot scale an
-    unbatched gradient in place."""
+    unbatched gradient in place; nor a gradient the in-place op refuses (a saved-tensor hook may
+    unpack it with other strides)."""
     return (
         private
         and _keep_graph is not None
@@ -273,6 +283,8 @@ def _may_scale_in_place(grad_output, grad, private):
         and not torch._C._functorch.is_legacy_batchedtensor(grad_output)
         and type(grad) is torch.Tensor
         and type(grad_output) is torch.Tensor
+        # (what a saved-tensor hook's unpack hands back may be laid out otherwise)
+        and _scalable_in_place(grad)
         and not _keep_graph()
     )
 
