@@ -29,8 +29,8 @@ backward is grad_output times that gradient. Eager backward scales it in place
 writes one gradient. When the graph is retained (retain_graph=True, or create_graph), under
 torch.compile, for a batched grad_output (is_grads_batched=True), or on a torch without the
 engine's keep-graph query, the backward writes a new tensor instead (cross_entropy_backward),
-so a second backward through the same graph sees the unscaled gradient again. Double backward raises. Gradients with respect to weight raise (torch
-has none either).
+so a second backward through the same graph sees the unscaled gradient again. Double backward
+raises. Gradients with respect to weight raise (torch has none either).
 
 Autocast rule: nothing is cast. The logits stay in their dtype (the kernels compute in float32
 whatever it is; an fp32 copy would triple the traffic) and the loss the op returns is float32;
