@@ -74,6 +74,35 @@ def test_reduction_none_per_row_grad_output(device):
     torch.testing.assert_close(x2.grad.double(), rg1, atol=1e-6, rtol=1e-5)
 
 
+def _through_each_route(x, t, **kw):
+    """cross_entropy's loss by each of its autograd routes: the public function (eager direct
+    call), its in-place gradient mode (on a non-leaf copy), and the registered op with autograd."""
+    yield "public", x, fusedops.cross_entropy(x, t, **kw)
+    xi = x * 1.0
+    yield "inplace_grad", xi, fusedops.cross_entropy(xi, t, inplace_grad=True, **kw)
+    options = (kw.get("ignore_index", -100), kw.get("reduction", "mean"), 0.0, 0.0, None, True)
+    yield "torch.ops", x, torch.ops.fusedops.cross_entropy(x, t, None, *options)[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ignore_index", [-100, 3])
+def test_ignored_rows_get_zero_whatever_grad_output_they_receive(device, ignore_index):
+    """reduction="none" with NaN and inf arriving at ignored rows (a fully padded sequence's mean,
+    later dropped by nan_to_num, sends NaN there): their gradient is 0, as torch's, not 0 * NaN;
+    the other rows are scaled as usual. Every autograd route."""
+    x, t = _problem(device, shape=(3, 4, 40), ignore=False)
+    t[1] = ignore_index  # a whole sequence ignored
+    t[0, 1] = ignore_index
+    go = torch.rand(3, 4, device=device) + 0.5
+    go[1] = torch.tensor([float("nan"), float("inf"), -float("inf"), float("nan")])
+    go[0, 1] = float("nan")
+    _, rg = _ref_grad(x, t, go.nan_to_num(0.0, 0.0, 0.0), reduction="none", ignore_index=ignore_index)
+    for route, xr, loss in _through_each_route(x, t, reduction="none", ignore_index=ignore_index):
+        (g,) = torch.autograd.grad(loss, xr, go)
+        assert torch.all(g[t == ignore_index] == 0), route
+        torch.testing.assert_close(g.double(), rg, atol=1e-6, rtol=1e-5, msg=route)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("inplace_grad", [False, True])
 def test_retain_graph(device, inplace_grad):

@@ -99,6 +99,22 @@ def test_saved_gradient_unpacked_with_other_strides(device, mode):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", MODES)
+def test_ignored_rows_get_zero_whatever_grad_output_they_receive(device, mode):
+    """reduction="none" with NaN and inf arriving at ignored rows: their hidden gradient is 0 and
+    the weight and bias gradients take nothing from them (0 * NaN would spread NaN over the whole
+    weight gradient), as with torch; the other rows are scaled as usual."""
+    h, w, b, t = _inputs(11, 6, 23, device)
+    go = torch.rand(11, dtype=torch.float64, device=device) + 0.5
+    go[t == -100] = torch.tensor([float("nan"), float("inf"), -float("inf"), float("nan")], dtype=go.dtype)
+    got = _grads(fusedops.linear_cross_entropy(h, w, t, b, reduction="none", **mode), (h, w, b), go)
+    want = _grads(reference(h, w, t, b, reduction="none"), (h, w, b), go.nan_to_num(0.0, 0.0, 0.0))
+    assert torch.all(got[0][t == -100] == 0)
+    for name, g, r in zip(("hidden", "weight", "bias"), got, want):
+        _close(g, r, what=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("N", [0, 1, 5, 8, 13])
 def test_chunk_boundaries(device, N):
     """Chunks of 1, 4, 5, 8 and 64 rows (N a multiple, not a multiple, smaller than a chunk,

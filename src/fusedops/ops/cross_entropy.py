@@ -316,11 +316,23 @@ def gradients_dropped() -> bool:
     return _calls.gradients_dropped
 
 
-def scale(grad_output, grad, token, private, public_name="fusedops.cross_entropy"):
+def zero_ignored_rows(grad_output, ignored):
+    """A per-row grad_output with the entries of ignored rows (target == ignore_index) set to 0:
+    their gradient is 0 whatever arrives, as torch's is, where 0 times a NaN or inf incoming
+    gradient (a fully padded sequence's mean, say, later dropped by nan_to_num) would be NaN."""
+    if ignored is None or grad_output.dim() == 0:
+        return grad_output
+    target, ignore_index = ignored
+    return grad_output.masked_fill(target == ignore_index, 0)
+
+
+def scale(grad_output, grad, token, private, public_name="fusedops.cross_entropy", ignored=None):
     """grad_output times the forward's gradient `grad`: in place when nothing can read `grad`
     again, else a new tensor. `token`: the forward's graph_token, which ties a create_graph
     result to the forward's inputs; None where the forward (a registered op's, whose outputs are
-    the schema's) has none, and a create_graph backward then raises at once."""
+    the schema's) has none, and a create_graph backward then raises at once. `ignored`: the
+    forward's (target, ignore_index) for a per-row grad_output (reduction "none"), else None."""
+    grad_output = zero_ignored_rows(grad_output, ignored)
     if _may_scale_in_place(grad_output, grad, private):
         with _direct.BelowAutograd():
             backward_(grad_output, grad)
@@ -414,8 +426,10 @@ def _setup_context(ctx, inputs, output):
     _loss, lse, grad, bad = output
     ctx.compute_grad = compute_grad
     ctx.private = gradients_dropped()
+    ctx.ignore_index = inputs[3] if len(inputs) > 3 else -100
+    ctx.per_row = len(inputs) > 4 and inputs[4] == "none"
     if compute_grad:
-        ctx.save_for_backward(grad)
+        ctx.save_for_backward(grad, *((inputs[1],) if ctx.per_row else ()))
     else:
         # Called for logits that need a gradient without computing it (the caller could not
         # tell they did: under torch.func.vmap the batched logits report requires_grad=False):
@@ -437,9 +451,11 @@ def _backward(ctx, grad_loss, grad_lse, _grad_grad, _grad_bad):
         logits, target, *weight = ctx.saved_tensors
         with _direct.below_autograd_unless_grad():
             grad = forward(logits, target, weight[0] if has_weight else None, *options, compute_grad=True)[2]
-        return (scale(grad_loss, grad, None, True),) + (None,) * 8
-    (grad,) = ctx.saved_tensors
-    return (scale(grad_loss, grad, None, ctx.private),) + (None,) * 8
+        ignored = (target, ctx.ignore_index) if ctx.per_row else None
+        return (scale(grad_loss, grad, None, True, ignored=ignored),) + (None,) * 8
+    grad, *target = ctx.saved_tensors
+    ignored = (target[0], ctx.ignore_index) if ctx.per_row else None
+    return (scale(grad_loss, grad, None, ctx.private, ignored=ignored),) + (None,) * 8
 
 
 torch.library.register_autograd("fusedops::cross_entropy", _backward, setup_context=_setup_context)
@@ -457,6 +473,12 @@ def graph_token(like):
     return like.new_empty(0)
 
 
+def _per_row_target(ctx, target, ignore_index, reduction):
+    """In a Function's forward: the target to save beside the gradient for a per-row backward."""
+    ctx.ignore_index = ignore_index
+    return (target,) if reduction == "none" else ()
+
+
 def _function_backward(ctx, grad_loss, grad_lse):
     """The backward of both autograd Functions below: the saved gradient, scaled."""
     _deferred.pending.raise_finished()
@@ -464,8 +486,9 @@ def _function_backward(ctx, grad_loss, grad_lse):
         raise _lse_grad_error()
     if grad_loss is None:
         return (None,) * 8
-    grad, token = ctx.saved_tensors
-    return (scale(grad_loss, grad, token, True),) + (None,) * 7
+    grad, token, *target = ctx.saved_tensors
+    ignored = (target[0], ctx.ignore_index) if target else None
+    return (scale(grad_loss, grad, token, True, ignored=ignored),) + (None,) * 7
 
 
 class _Function(torch.autograd.Function):
@@ -479,7 +502,7 @@ class _Function(torch.autograd.Function):
                 logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, True
             )
         token = graph_token(loss)
-        ctx.save_for_backward(grad, token)
+        ctx.save_for_backward(grad, token, *_per_row_target(ctx, target, ignore_index, reduction))
         ctx.mark_non_differentiable(lse, bad)
         ctx.set_materialize_grads(False)
         return loss, lse, bad, token
@@ -503,7 +526,7 @@ class _InplaceFunction(torch.autograd.Function):
             )
         torch.autograd.graph.increment_version(logits)
         token = graph_token(loss)
-        ctx.save_for_backward(logits, token)
+        ctx.save_for_backward(logits, token, *_per_row_target(ctx, target, ignore_index, reduction))
         ctx.mark_non_differentiable(lse, bad)
         ctx.set_materialize_grads(False)
         return loss, lse, bad, token

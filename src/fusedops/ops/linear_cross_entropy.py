@@ -329,7 +329,7 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
     loss_rows = loss.view(-1) if (want_loss and reduction == "none") else None
     go_rows = None
     if grad_output is not None and reduction == "none":
-        go_rows = grad_output.reshape(-1)
+        go_rows = _ce.zero_ignored_rows(grad_output.reshape(-1), (t, ignore_index))
     if want_grad:
         grad_hidden = hidden.new_empty((N, H))
         # (the first chunk's product writes it: zeros only for a batch of no rows)
