@@ -1,6 +1,7 @@
 """The drop-in modules: same constructor arguments, parameters and state_dict keys as their torch
 counterparts, and the same results (within the op's tolerance) after loading torch's state."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -60,6 +61,31 @@ def test_offset_without_weight_is_refused_by_the_constructor(ours):
                                          r"got offset 1 without a weight"):
         ours(16, elementwise_affine=False, offset=1.0)
     assert ours(16, elementwise_affine=False, offset=0.0).weight is None
+
+
+# (module, constructor arguments, its float options, its bool options)
+OPTIONS = [
+    pytest.param(fusedops.nn.RMSNorm, (16,), ["offset"], ["cast_before_weight", "save_output"], id="RMSNorm"),
+    pytest.param(fusedops.nn.AddRMSNorm, (16,), ["offset"], ["cast_before_weight", "inplace"], id="AddRMSNorm"),
+    pytest.param(fusedops.nn.CrossEntropyLoss, (), ["z_loss", "softcap"], ["inplace_grad"], id="CrossEntropyLoss"),
+    pytest.param(fusedops.nn.LinearCrossEntropyLoss, (4, 6), ["label_smoothing", "z_loss", "softcap"],
+                 ["low_memory"], id="LinearCrossEntropyLoss"),
+]
+
+
+@pytest.mark.parametrize("ours, args, floats, flags", OPTIONS)
+def test_constructors_refuse_mistyped_options(ours, args, floats, flags):
+    """A number given as a string, or a flag as a string ("False" is truthy), is refused by the
+    constructor naming the module and the option, as the functions refuse them, instead of being
+    converted (float("0.5")) or switching a mode on (bool("False"))."""
+    for name in floats:
+        with pytest.raises(TypeError, match=rf"^{ours.__name__}: {name} must be a float(| or None), got str$"):
+            ours(*args, **{name: "0.5"})
+        assert getattr(ours(*args, **{name: np.float32(0.5)}), name) == 0.5
+    for name in flags:
+        with pytest.raises(TypeError, match=rf"^{ours.__name__}: {name} must be a bool, got str$"):
+            ours(*args, **{name: "False"})
+        assert getattr(ours(*args, **{name: np.bool_(True)}), name) is True
 
 
 @pytest.mark.parametrize("module, args", [

@@ -187,10 +187,10 @@ def test_public_function_names_a_non_tensor(info):
 @pytest.mark.parametrize("info", OPS)
 def test_public_function_names_a_mistyped_option(info):
     """None for a str, float or int option of the public function (a str for an optional float
-    or int, or for a bool) raises TypeError naming it, where the schema's own cast or a
-    comparison would say only which type it expected (or a truthy string would switch a mode
-    on). (The sample's leading arguments fill the function's required parameters; each option
-    goes by keyword.)"""
+    or int, or for a bool; a numeric string for a float, which float() would take) raises
+    TypeError naming it, where the schema's own cast or a comparison would say only which type it
+    expected (or a truthy string would switch a mode on). (The sample's leading arguments fill
+    the function's required parameters; each option goes by keyword.)"""
     function = getattr(fusedops, info.name)
     params = inspect.signature(function).parameters
     required = [p for p in params.values() if p.default is inspect.Parameter.empty]
@@ -203,11 +203,15 @@ def test_public_function_names_a_mistyped_option(info):
         expected = {str: "a str", float: "a float", int: "an int"}[params[name].annotation]
         with pytest.raises(TypeError, match=rf"fusedops.{info.name}: {name} must be {expected}, got NoneType"):
             function(*args, **{name: None})
+        if params[name].annotation is float:
+            with pytest.raises(TypeError, match=rf"fusedops.{info.name}: {name} must be a float, got str"):
+                function(*args, **{name: "0.5"})
     for name, p in params.items():
         if p.annotation in (Optional[int], Optional[float]):
             expected = "an int or None" if p.annotation == Optional[int] else "a float or None"
-            with pytest.raises(TypeError, match=rf"fusedops.{info.name}: {name} must be {expected}, got str"):
-                function(*args, **{name: "x"})
+            for text in ("x", "0.5"):
+                with pytest.raises(TypeError, match=rf"fusedops.{info.name}: {name} must be {expected}, got str"):
+                    function(*args, **{name: text})
         if p.annotation is bool:
             with pytest.raises(TypeError, match=rf"fusedops.{info.name}: {name} must be a bool, got str"):
                 function(*args, **{name: "False"})

@@ -82,6 +82,25 @@ def _is_a(scalar_type, value) -> bool:
     return False
 
 
+def _real_number(owner: str, name: str, value, optional: bool = False):
+    """float(value) for a float option that the caller converts itself (the functions, the
+    modules' constructors), after the check the schema would make: float() alone takes a string
+    ("0.1") or a one-element tensor too."""
+    if optional and value is None:
+        return None
+    if not _is_a(float, value):
+        expected = "a float or None" if optional else "a float"
+        raise TypeError(f"{owner}: {name} must be {expected}, got {type(value).__name__}")
+    return float(value)
+
+
+def _flag(owner: str, name: str, value) -> bool:
+    """bool(value) for a bool option, which must be one: bool("False") is True."""
+    if not _is_a(bool, value):
+        raise TypeError(f"{owner}: {name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
 _rms_norm_op = _rms_norm.forward
 _add_rms_norm_op = _add_rms_norm.forward
 _add_rms_norm_inplace_op = _add_rms_norm.forward_
@@ -553,8 +572,10 @@ def cross_entropy(
     try:
         compiling = torch.compiler.is_compiling()
         gpu_check = _cross_entropy.gpu_target_check("cross_entropy", check_target, logits, compiling)
-        args = (logits, target, weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
-                None if softcap is None else float(softcap))
+        owner = "fusedops.cross_entropy"
+        args = (logits, target, weight, ignore_index, reduction,
+                _real_number(owner, "label_smoothing", label_smoothing),
+                _real_number(owner, "z_loss", z_loss), _real_number(owner, "softcap", softcap, optional=True))
         if not _is_a(bool, inplace_grad):  # (a truthy "False" must not overwrite the logits)
             raise TypeError(f"fusedops.cross_entropy: inplace_grad must be a bool, got {type(inplace_grad).__name__}")
         in_place = inplace_grad and not compiling and torch.is_grad_enabled() and logits.requires_grad
@@ -640,6 +661,7 @@ def linear_cross_entropy(
         chunk by chunk.
     """
     try:
+        owner = "fusedops.linear_cross_entropy"
         compiling = torch.compiler.is_compiling()
         if not _is_a(bool, low_memory):
             raise TypeError(f"fusedops.linear_cross_entropy: low_memory must be a bool, got {type(low_memory).__name__}")
@@ -657,8 +679,9 @@ def linear_cross_entropy(
         if needs_grad:
             _linear_cross_entropy._refuse_class_weight_grad(class_weight)
         args = (
-            hidden, weight, target, bias, class_weight, ignore_index, reduction, float(label_smoothing),
-            float(z_loss), None if softcap is None else float(softcap), chunk_rows, bool(low_memory),
+            hidden, weight, target, bias, class_weight, ignore_index, reduction,
+            _real_number(owner, "label_smoothing", label_smoothing), _real_number(owner, "z_loss", z_loss),
+            _real_number(owner, "softcap", softcap, optional=True), chunk_rows, bool(low_memory),
             chunk_classes,
             needs_grad and reduction != "none",
         )

@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..functional import add_rms_norm, add_rms_norm_
+from ..functional import _flag, _real_number, add_rms_norm, add_rms_norm_
 from ._normalized_shape import require_tensor
 from .rms_norm import _default_eps
 
@@ -40,13 +40,13 @@ class AddRMSNorm(torch.nn.Module):
         self.hidden_size = int(hidden_size)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        self.offset = float(offset)
+        self.offset = _real_number("AddRMSNorm", "offset", offset)
         if self.offset != 0.0 and not elementwise_affine:
             # (refused here, not at every forward: the op raises for an offset without a weight)
             raise ValueError(f"AddRMSNorm: offset scales the weight (offset + weight), so it needs "
                              f"elementwise_affine=True; got offset {self.offset:g} without a weight")
-        self.cast_before_weight = bool(cast_before_weight)
-        self.inplace = bool(inplace)
+        self.cast_before_weight = _flag("AddRMSNorm", "cast_before_weight", cast_before_weight)
+        self.inplace = _flag("AddRMSNorm", "inplace", inplace)
         if elementwise_affine:
             self.weight = torch.nn.Parameter(torch.empty(self.hidden_size, device=device, dtype=dtype))
         else:

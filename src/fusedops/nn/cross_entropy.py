@@ -5,7 +5,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from ..functional import cross_entropy
+from ..functional import _flag, _real_number, cross_entropy
 from ..ops.cross_entropy import check_target_mode
 
 
@@ -40,9 +40,9 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         check_target: Union[bool, str] = True,
     ) -> None:
         super().__init__(weight, size_average, ignore_index, reduce, reduction, label_smoothing)
-        self.z_loss = float(z_loss)
-        self.softcap = None if softcap is None else float(softcap)
-        self.inplace_grad = bool(inplace_grad)
+        self.z_loss = _real_number("CrossEntropyLoss", "z_loss", z_loss)
+        self.softcap = _real_number("CrossEntropyLoss", "softcap", softcap, optional=True)
+        self.inplace_grad = _flag("CrossEntropyLoss", "inplace_grad", inplace_grad)
         self.check_target = check_target_mode(check_target)
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:

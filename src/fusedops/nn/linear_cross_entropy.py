@@ -6,7 +6,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from ..functional import linear_cross_entropy
+from ..functional import _flag, _real_number, linear_cross_entropy
 from ..ops.cross_entropy import check_target_mode
 
 
@@ -64,11 +64,11 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.register_buffer("class_weight", class_weight, persistent=False)
         self.ignore_index = int(ignore_index)
         self.reduction = reduction
-        self.label_smoothing = float(label_smoothing)
-        self.z_loss = float(z_loss)
-        self.softcap = None if softcap is None else float(softcap)
+        self.label_smoothing = _real_number("LinearCrossEntropyLoss", "label_smoothing", label_smoothing)
+        self.z_loss = _real_number("LinearCrossEntropyLoss", "z_loss", z_loss)
+        self.softcap = _real_number("LinearCrossEntropyLoss", "softcap", softcap, optional=True)
         self.chunk_rows = chunk_rows
-        self.low_memory = bool(low_memory)
+        self.low_memory = _flag("LinearCrossEntropyLoss", "low_memory", low_memory)
         self.chunk_classes = chunk_classes
         self.check_target = check_target_mode(check_target, "linear_cross_entropy")
         self.reset_parameters()

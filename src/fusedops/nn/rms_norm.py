@@ -6,7 +6,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from ..functional import rms_norm
+from ..functional import _flag, _real_number, rms_norm
 from ._normalized_shape import apply_over_trailing, require_tensor
 
 
@@ -50,13 +50,13 @@ class RMSNorm(torch.nn.Module):
         save_output: bool = False,
     ) -> None:
         super().__init__()
-        self.offset = float(offset)
+        self.offset = _real_number("RMSNorm", "offset", offset)
         if self.offset != 0.0 and not elementwise_affine:
             # (refused here, not at every forward: the op raises for an offset without a weight)
             raise ValueError(f"RMSNorm: offset scales the weight (offset + weight), so it needs "
                              f"elementwise_affine=True; got offset {self.offset:g} without a weight")
-        self.cast_before_weight = bool(cast_before_weight)
-        self.save_output = bool(save_output)
+        self.cast_before_weight = _flag("RMSNorm", "cast_before_weight", cast_before_weight)
+        self.save_output = _flag("RMSNorm", "save_output", save_output)
         if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
         self.normalized_shape = tuple(normalized_shape)
