@@ -88,6 +88,16 @@ def test_constructors_refuse_mistyped_options(ours, args, floats, flags):
         assert getattr(ours(*args, **{name: np.bool_(True)}), name) is True
 
 
+@pytest.mark.parametrize("ours, args", [(fusedops.nn.CrossEntropyLoss, ()),
+                                        (fusedops.nn.LinearCrossEntropyLoss, (4, 6))])
+def test_check_target_mode_of_the_loss_modules(ours, args):
+    """check_target: a bad mode is refused by the constructor in the module's name; numpy's bools
+    pass for bools (as the functions' other bool options take them)."""
+    with pytest.raises(ValueError, match=rf"^{ours.__name__}: check_target must be True, False or 'sync', got 'yes'$"):
+        ours(*args, check_target="yes")
+    assert ours(*args, check_target=np.False_).check_target is False
+
+
 @pytest.mark.parametrize("module, args", [
     (fusedops.nn.RMSNorm(4), ()), (fusedops.nn.RMSNorm(4, eps=None), ()), (fusedops.nn.LayerNorm(4), ()),
     (fusedops.nn.AddRMSNorm(4, eps=None), (torch.randn(2, 4),)),

@@ -43,7 +43,7 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         self.z_loss = _real_number("CrossEntropyLoss", "z_loss", z_loss)
         self.softcap = _real_number("CrossEntropyLoss", "softcap", softcap, optional=True)
         self.inplace_grad = _flag("CrossEntropyLoss", "inplace_grad", inplace_grad)
-        self.check_target = check_target_mode(check_target)
+        self.check_target = check_target_mode(check_target, "CrossEntropyLoss")
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return cross_entropy(

@@ -70,7 +70,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.chunk_rows = chunk_rows
         self.low_memory = _flag("LinearCrossEntropyLoss", "low_memory", low_memory)
         self.chunk_classes = chunk_classes
-        self.check_target = check_target_mode(check_target, "linear_cross_entropy")
+        self.check_target = check_target_mode(check_target, "LinearCrossEntropyLoss")
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -20,6 +20,7 @@ would: a deferred record of a wrapped tensor would outlive its transform.
 """
 
 import collections
+import sys
 
 import torch
 
@@ -29,7 +30,11 @@ MODES = (True, False, "sync")
 
 
 def check_mode(mode, op, option):
-    """`mode` if it is one of MODES, else a ValueError naming `option`."""
+    """`mode` if it is one of MODES (numpy's bools as Python's, as the bool options take them),
+    else a ValueError naming `option`."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(mode, np.bool_):
+        mode = bool(mode)
     if not any(mode is m or (isinstance(m, str) and mode == m) for m in MODES):
         raise ValueError(f"{op}: {option} must be True, False or 'sync', got {mode!r}")
     return mode
