@@ -417,9 +417,10 @@ def test_on_dtensors(outcomes, case):
 
 def test_rules_wait_for_dtensor_import():
     """`import fusedops` does not import torch.distributed.tensor (0.4 s); the rules are there
-    once it is imported, whichever comes first."""
+    once it is imported, whichever comes first, and also when its spec was looked up before the
+    import without running it (importlib.util.find_spec; torch._logging.set_logs does that)."""
     probe = (
-        "import sys, torch\n"
+        "import importlib.util, sys, torch\n"
         "{first}\n"
         "imported = 'torch.distributed.tensor' in sys.modules\n"
         "assert not imported or {dtensor_first}, 'fusedops imported DTensor'\n"
@@ -429,12 +430,16 @@ def test_rules_wait_for_dtensor_import():
         "ops = torch.ops.fusedops\n"
         "assert ops.rms_norm.default in funcs and ops.rope_backward.default in funcs\n"
     )
-    for dtensor_first in (False, True):
-        imports = ["import fusedops", "import torch.distributed.tensor"]
-        first, second = imports[::-1] if dtensor_first else imports
+    look_up = "importlib.util.find_spec('torch.distributed.tensor'); importlib.util.find_spec('torch.distributed.tensor')"
+    orders = [
+        (False, "import fusedops", "import torch.distributed.tensor"),
+        (True, "import torch.distributed.tensor", "import fusedops"),
+        (False, "import fusedops", look_up + "; import torch.distributed.tensor"),
+    ]
+    for dtensor_first, first, second in orders:
         code = probe.format(first=first, second=second, dtensor_first=dtensor_first)
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.returncode == 0, (second, done.stderr[-2000:])
 
 
 def test_a_failed_registration_warns(monkeypatch):

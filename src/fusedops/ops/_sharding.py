@@ -28,6 +28,7 @@ those who never shard.
 import importlib.abc
 import importlib.util
 import sys
+import threading
 import warnings
 
 import torch
@@ -189,19 +190,29 @@ def register_all() -> None:
 
 
 class _RegisterOnImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: on the first import of torch.distributed.tensor it lets the usual
-    finders find the module, and has the rules registered once the module has run."""
+    """Finds nothing itself: when torch.distributed.tensor is looked up, it lets the usual
+    finders find the module and has the rules registered once that spec's module has run. It
+    stays in sys.meta_path until then: a lookup that only asks for the spec
+    (importlib.util.find_spec, as torch._logging.set_logs does) runs nothing."""
+
+    def __init__(self):
+        self._finding = threading.local()
 
     def find_spec(self, name, path, target=None):
-        if name != _DTENSOR:
+        if name != _DTENSOR or getattr(self._finding, "active", False):
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self._finding.active = True  # (the lookup below asks every finder again, this one too)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._finding.active = False
         if spec is not None and spec.loader is not None:
             run_module = spec.loader.exec_module
 
             def exec_module(module):
                 run_module(module)
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
                 register_all()
 
             spec.loader.exec_module = exec_module
