@@ -140,7 +140,7 @@ def rms_norm(
         float64 input) whatever the storage dtype.
     """
     try:
-        if direct_call_allowed():
+        if direct_call_allowed(input, weight):
             return _rms_norm.direct(input, weight, eps, offset, cast_before_weight, save_output)
         return _rms_norm_op(input, weight, eps, offset, cast_before_weight, save_output)[0]
     except Exception:  # (re-raised below)
@@ -173,7 +173,7 @@ def add_rms_norm(
         Gradients flow to input, residual and weight through both.
     """
     try:
-        if direct_call_allowed():
+        if direct_call_allowed(input, residual, weight):
             return _add_rms_norm.direct(input, residual, weight, eps, offset, cast_before_weight)
         output, residual_out, _rstd = _add_rms_norm_op(
             input, residual, weight, eps, offset, cast_before_weight
@@ -195,7 +195,7 @@ def add_rms_norm_(
     """:func:`add_rms_norm` for inference: adds ``input`` into ``residual`` in place and returns
     the normalised sum. No gradient: it raises if a tensor requires grad with grad mode on."""
     try:
-        if direct_call_allowed():
+        if direct_call_allowed(input, residual, weight):
             return _add_rms_norm.direct_inplace(input, residual, weight, eps, offset, cast_before_weight)
         return _add_rms_norm_inplace_op(input, residual, weight, eps, offset, cast_before_weight)[0]
     except Exception:  # (re-raised below)
@@ -224,7 +224,7 @@ def layer_norm(
         float64 input) whatever the storage dtype.
     """
     try:
-        if direct_call_allowed():
+        if direct_call_allowed(input, weight, bias):
             return _layer_norm.direct(input, weight, bias, eps)
         return _layer_norm_op(input, weight, bias, eps)[0]
     except Exception:  # (re-raised below)
@@ -248,7 +248,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
         input); backward recomputes silu from gate (autograd keeps gate and up, nothing else).
     """
     try:
-        if direct_call_allowed():
+        if direct_call_allowed(gate, up):
             return _swiglu.direct(gate, up)
         return _swiglu.forward(gate, up)
     except Exception:  # (re-raised below)
@@ -273,7 +273,7 @@ def geglu(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
         A contiguous tensor of gate's shape and dtype, computed in float32.
     """
     try:
-        if direct_call_allowed():
+        if direct_call_allowed(gate, up):
             return _geglu.direct(gate, up, approximate)
         return _geglu.forward(gate, up, approximate)
     except Exception:  # (re-raised below)
@@ -287,7 +287,7 @@ def swiglu_packed(gate_up: Tensor) -> Tensor:
     shape ``(..., n)``. Its backward writes one ``(..., 2n)`` gradient, which the fused
     projection's backward takes as it is (no concatenation of two gradients)."""
     try:
-        if direct_call_allowed():
+        if direct_call_allowed(gate_up):
             return _swiglu_packed.direct(gate_up)
         return _swiglu_packed.forward(gate_up)
     except Exception:  # (re-raised below)
@@ -299,7 +299,7 @@ def geglu_packed(gate_up: Tensor, approximate: str = "none") -> Tensor:
     """:func:`geglu` of the two halves of ``gate_up`` ``(..., 2n)`` = ``[gate | up]``; see
     :func:`swiglu_packed`."""
     try:
-        if direct_call_allowed():
+        if direct_call_allowed(gate_up):
             return _geglu_packed.direct(gate_up, approximate)
         return _geglu_packed.forward(gate_up, approximate)
     except Exception:  # (re-raised below)
@@ -450,7 +450,7 @@ def rope(
     try:
         q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope", q, k, cos, sin, layout, position_ids)
         gpu_check = _rope_position_check("rope", q4, pos, check_positions)
-        if direct_call_allowed():
+        if direct_call_allowed(q4, k4, cos4, sin4):
             q_out, k_out, bad = _rope.direct(q4, k4, cos4, sin4, pos, interleaved)
         else:
             q_out, k_out, bad = _rope_op(q4, k4, cos4, sin4, pos, interleaved)
@@ -481,7 +481,7 @@ def rope_(
     try:
         q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope_", q, k, cos, sin, layout, position_ids)
         gpu_check = _rope_position_check("rope_", q4, pos, check_positions)
-        if direct_call_allowed():
+        if direct_call_allowed(q4, k4, cos4, sin4):
             bad = _rope.direct_inplace(q4, k4, cos4, sin4, pos, interleaved)
         elif (torch.compiler.is_compiling() and not (q4.is_contiguous() and k4.is_contiguous())
               and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))):
@@ -579,7 +579,7 @@ def cross_entropy(
         if not _is_a(bool, inplace_grad):  # (a truthy "False" must not overwrite the logits)
             raise TypeError(f"fusedops.cross_entropy: inplace_grad must be a bool, got {type(inplace_grad).__name__}")
         in_place = inplace_grad and not compiling and torch.is_grad_enabled() and logits.requires_grad
-        if direct_call_allowed():
+        if direct_call_allowed(logits, weight):
             if in_place:
                 loss, bad = _cross_entropy.direct_inplace(*args)
             else:
@@ -685,7 +685,7 @@ def linear_cross_entropy(
             chunk_classes,
             needs_grad and reduction != "none",
         )
-        if direct_call_allowed():
+        if direct_call_allowed(hidden, weight, bias, class_weight):
             loss, bad = _linear_cross_entropy.direct(needs_grad, *args)
         else:
             loss, _gh, _gw, _gb, bad = _call_dropping_gradients(_linear_cross_entropy_op, args, compiling)

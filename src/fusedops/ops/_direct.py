@@ -25,7 +25,8 @@ import torch.autograd.forward_ad as _forward_ad
 BelowAutograd = torch._C._AutoDispatchBelowAutograd
 # Returns a tensor that outlived a functorch transform unwrapped (as Function.apply does), any
 # other tensor as it is.
-unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+_functorch = torch._C._functorch
+unwrap_if_dead = _functorch.unwrap_if_dead
 _any_autocast = torch._C._is_any_autocast_enabled
 _functorch_active = torch._C._are_functorch_transforms_active
 _is_compiling = torch.compiler.is_compiling
@@ -35,16 +36,28 @@ _inference_mode_enabled = torch.is_inference_mode_enabled
 _base_apply = torch._C._FunctionBase.__dict__["apply"]
 
 
-def direct_call_allowed() -> bool:
+def direct_call_allowed(*tensors) -> bool:
     """Whether the public function may call its op directly (above). Raises NotImplementedError
-    inside a forward-mode AD level, which no route supports: the op's tangent would come out
-    zero or missing, silently."""
+    for a call under forward-mode AD, which no route supports: the op's tangent would come out
+    zero or missing, silently. `tensors`: the call's differentiable inputs (None for an absent
+    optional one)."""
     if _forward_ad._current_level >= 0:
+        _refuse_tangents(tensors)
+    return not (_is_compiling() or _any_autocast() or _functorch_active())
+
+
+def _refuse_tangents(tensors):
+    # A forward-mode level is open somewhere: the level is process-wide, so it may be another
+    # thread's. This call loses a tangent if it runs inside torch.func's jvp (jacfwd, hessian) in
+    # this thread, or if an input carries one (torch.autograd.forward_ad.make_dual).
+    stack = _functorch.get_interpreter_stack() or ()
+    if any(layer.key() == _functorch.TransformType.Jvp for layer in stack) or any(
+        t is not None and _forward_ad.unpack_dual(t).tangent is not None for t in tensors
+    ):
         raise NotImplementedError(
             "fusedops ops have no forward-mode AD (torch.func.jvp, jacfwd, hessian, torch.autograd.forward_ad): "
             "the tangent through them would be lost; use reverse mode (backward, torch.autograd.grad)"
         )
-    return not (_is_compiling() or _any_autocast() or _functorch_active())
 
 
 def bind_apply(function):
