@@ -213,6 +213,34 @@ def test_add_rms_norm_inplace_compiles(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("view", ["select", "transpose"])
+def test_add_rms_norm_inplace_compiles_into_views(device, view):
+    """residual a view made in the compiled function (a slot of a stacked buffer, at a storage
+    offset; a transposed slice), compiled by Inductor with dynamic shapes over three row counts:
+    the buffer and output come out as eager's. Inductor (torch 2.11-2.13) wrote a custom op's
+    in-place update of such a view at offset 0: add_rms_norm_ goes out of place and copies back
+    there."""
+
+    def step(x, buf, w):
+        r = buf[1] if view == "select" else buf[:, 1].transpose(0, 1).transpose(0, 1)
+        return fusedops.add_rms_norm_(x, r, w)
+
+    compiled = torch.compile(step, backend="inductor", fullgraph=True, dynamic=True)
+    w = torch.randn(16, device=device, dtype=torch.float64)
+    with torch.no_grad():
+        for rows in (4, 6, 7):
+            x = torch.randn(rows, 16, device=device, dtype=torch.float64)
+            shape = (2, rows, 16) if view == "select" else (rows, 2, 16)
+            buf = torch.randn(shape, device=device, dtype=torch.float64)
+            eager_buf, compiled_buf = buf.clone(), buf.clone()
+            eager_out = step(x, eager_buf, w)
+            out = compiled(x, compiled_buf, w)
+            assert not torch.equal(eager_buf, buf)
+            torch.testing.assert_close(compiled_buf, eager_buf, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(out, eager_out, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_add_rms_norm_gradient_through_one_output(device):
     """Only one of the two outputs used: the other's gradient is zero, not an error."""
     x = torch.randn(4, 48, device=device, requires_grad=True)

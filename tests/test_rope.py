@@ -296,6 +296,28 @@ def test_inplace_compiles_into_fused_qkv_views(layout, heads):
     torch.testing.assert_close(compiled, eager, rtol=1e-12, atol=1e-12)
 
 
+def test_inplace_compiles_into_slots_of_a_stacked_buffer():
+    """rope_ on q and k taken as slots of one stacked (2, B, H, S, D) buffer (contiguous views at
+    storage offsets), compiled by Inductor with dynamic shapes over three sequence lengths: the
+    buffer comes out as eager's. Inductor (torch 2.11-2.13) wrote k's update at offset 0, over
+    q, or refused q and k as one buffer."""
+
+    def f(qk, c, s):
+        fusedops.rope_(qk[0], qk[1], c, s)
+        return qk.sum()
+
+    compiled = torch.compile(f, backend="inductor", fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for seq in (5, 6, 9):
+            c, s = torch.randn(1, seq, 8, dtype=torch.float64), torch.randn(1, seq, 8, dtype=torch.float64)
+            qk = torch.randn(2, 2, 3, seq, 8, dtype=torch.float64)
+            eager, out = qk.clone(), qk.clone()
+            f(eager, c, s)
+            compiled(out, c, s)
+            assert not torch.equal(eager, qk)
+            torch.testing.assert_close(out, eager, rtol=1e-12, atol=1e-12)
+
+
 def test_table_gradients_refused():
     q, k = torch.randn(1, 2, 3, 8, requires_grad=True), torch.randn(1, 2, 3, 8)
     c, s = torch.randn(1, 3, 8, requires_grad=True), torch.randn(1, 3, 8)

@@ -184,6 +184,26 @@ def add_rms_norm(
         raise
 
 
+def _compiled_update_goes_out_of_place(*mutated: Tensor) -> bool:
+    """Under torch.compile, whether an in-place form computes out of place and copies back into
+    `mutated`, which Inductor compiles right. Inductor (torch 2.11-2.13, dynamic shapes)
+    misplaces a custom op's in-place update of a view whose storage offset is symbolic (a
+    select of a stacked buffer, k split after q from a fused QKV output: written at offset 0, or
+    q and k handed over as one buffer), and of a transposed view of a view (pytorch/pytorch
+    issue 198068: no lowering for the view's symbolic storage offset). A plain
+    torch.library.custom_op fails the same way. Under torch.compile the copy is Inductor's to
+    plan."""
+    return torch.compiler.is_compiling() and any(
+        not t.is_contiguous() or t._base is not None for t in mutated
+    )
+
+
+def _records_grad(*tensors: Optional[Tensor]) -> bool:
+    """Whether autograd would record a call on `tensors` (an in-place form then raises, which its
+    out-of-place route must not hide)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def add_rms_norm_(
     input: Tensor,
     residual: Tensor,
@@ -197,6 +217,11 @@ def add_rms_norm_(
     try:
         if direct_call_allowed(input, residual, weight):
             return _add_rms_norm.direct_inplace(input, residual, weight, eps, offset, cast_before_weight)
+        if _compiled_update_goes_out_of_place(residual) and not _records_grad(input, residual, weight):
+            output, residual_out, _ = _add_rms_norm_op(input, residual, weight, eps, offset,
+                                                       cast_before_weight)
+            residual.copy_(residual_out)
+            return output
         return _add_rms_norm_inplace_op(input, residual, weight, eps, offset, cast_before_weight)[0]
     except Exception:  # (re-raised below)
         _name_the_mistyped_argument(add_rms_norm_, locals())
@@ -483,14 +508,9 @@ def rope_(
         gpu_check = _rope_position_check("rope_", q4, pos, check_positions)
         if direct_call_allowed(q4, k4, cos4, sin4):
             bad = _rope.direct_inplace(q4, k4, cos4, sin4, pos, interleaved)
-        elif (torch.compiler.is_compiling() and not (q4.is_contiguous() and k4.is_contiguous())
-              and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))):
-            # Inductor (torch 2.13, dynamic shapes) misplaces a custom op's in-place update of a
-            # transposed view of a view, which is what q and k split from a fused QKV output
-            # become in the op's (B, H, S, D) order, whichever layout the caller names: the
-            # buffer came out wrong, or q and k landed on one buffer (a plain
-            # torch.library.custom_op too). Rotated out of place and copied back instead, which
-            # it compiles right; under torch.compile the copy is Inductor's to plan.
+        elif _compiled_update_goes_out_of_place(q4, k4) and not _records_grad(q, k):
+            # (q and k split from a fused QKV output are transposed views of views in the op's
+            # (B, H, S, D) order, whichever layout the caller names)
             q_out, k_out, bad = _rope_op(q4, k4, cos4, sin4, pos, interleaved)
             q4.copy_(q_out)
             k4.copy_(k_out)
