@@ -106,7 +106,8 @@ def test_ignored_rows_get_zero_whatever_grad_output_they_receive(device, mode):
     weight gradient), as with torch; the other rows are scaled as usual."""
     h, w, b, t = _inputs(11, 6, 23, device)
     go = torch.rand(11, dtype=torch.float64, device=device) + 0.5
-    go[t == -100] = torch.tensor([float("nan"), float("inf"), -float("inf"), float("nan")], dtype=go.dtype)
+    go[t == -100] = torch.tensor([float("nan"), float("inf"), -float("inf"), float("nan")], dtype=go.dtype,
+                                 device=device)
     got = _grads(fusedops.linear_cross_entropy(h, w, t, b, reduction="none", **mode), (h, w, b), go)
     want = _grads(reference(h, w, t, b, reduction="none"), (h, w, b), go.nan_to_num(0.0, 0.0, 0.0))
     assert torch.all(got[0][t == -100] == 0)
