@@ -17,7 +17,9 @@ if not HAS_CUDA:
 
 import fusedops  # noqa: E402,F401  (after TRITON_INTERPRET)
 
-NO_GPU_REASON = "no CUDA device here: the GPU suites run on the H200 (see README, 'Tests on a GPU')"
+NO_GPU_REASON = (
+    "no CUDA device here: the GPU suites run on the H200 (README: 'Tests and benchmarks on a GPU')"
+)
 
 
 def device_params():

@@ -1,5 +1,6 @@
 """CUDA-only behaviour of every op: the backend in use, a non-default stream, CUDA-graph
-capture and 64-bit indexing. Run once per backend (FUSEDOPS_BACKEND unset, then =triton)."""
+capture, 64-bit indexing and a second GPU. Run once per backend (FUSEDOPS_BACKEND unset, then
+=triton)."""
 
 import os
 
@@ -40,19 +41,29 @@ def test_backend_is_the_requested_one(info):
 def test_side_stream(info):
     """Kernels run on the caller's current stream: results on a side stream, ordered after
     work queued on that stream, match the default stream's."""
-    sample = _sample(info)
+    _check_side_stream(info, "cuda")
+
+
+def _check_side_stream(info, device, current=None):
+    """The op's outputs and gradients on `device` computed on a side stream of that device equal
+    the default stream's, bitwise. The input is written on the side stream after a sleep queued
+    there: a kernel launched on any other stream would read it too early. `current`: the current
+    device during the op's calls, when not `device`."""
+    sample = info.sample_for_shape(device, torch.bfloat16, (4, 3, 256), requires_grad=True)
     expected = outputs_of(info.public(*sample.args))
     g = grads_for(expected)
     expected_grads = torch.autograd.grad(expected, _grad_tensors(info, sample.args), g)
-    stream = torch.cuda.Stream()
+    with torch.cuda.device(device):
+        stream = torch.cuda.Stream()
     x = torch.empty_like(sample.args[0])
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(1_000_000)  # if the op used another stream it would read x too early
+    with torch.cuda.stream(stream):  # (which makes the stream's device current)
+        torch.cuda._sleep(1_000_000)
         x.copy_(sample.args[0].detach())
         x.requires_grad_()
         args = _with_input(sample, x)
-        out = outputs_of(info.public(*args))
-        grads = torch.autograd.grad(out, _grad_tensors(info, args), g)
+        with torch.cuda.device(current if current is not None else device):
+            out = outputs_of(info.public(*args))
+            grads = torch.autograd.grad(out, _grad_tensors(info, args), g)
     stream.synchronize()
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
     for a, b in zip(grads, expected_grads):
@@ -114,6 +125,65 @@ def _check_more_than_2_31_elements(info):
         expected = outputs_of(info.reference(*part_args))
         for o, e in zip(out, expected, strict=True):
             torch.testing.assert_close(o[part].double(), e.double(), atol=1e-2, rtol=1e-2)
+
+
+TWO_GPUS = pytest.mark.skipif(
+    not HAS_CUDA or torch.cuda.device_count() < 2,
+    reason="needs two GPUs (README, 'Tests and benchmarks on a GPU')")
+
+
+@TWO_GPUS
+@pytest.mark.parametrize("info", OPS)
+def test_second_gpu_while_the_first_is_current(info):
+    """Tensors on cuda:1 while cuda:0 is the current device: every sample, forward and backward,
+    of the op and its other public forms (in-place functions) matches the fp64 reference, and
+    the outputs and gradients are on cuda:1. A launch on the
+    current device instead of the tensors' would read another GPU's addresses."""
+    with torch.cuda.device(0):
+        for dtype in (torch.float32, torch.bfloat16):
+            for sample in info.samples("cuda:1", dtype, requires_grad=True):
+                check_against_reference(info, sample, dtype)
+            for variant in info.public_variants:
+                for sample in info.samples("cuda:1", dtype, requires_grad=variant.differentiable):
+                    check_against_reference(info, sample, dtype, variant)
+            sample = info.sample_for_shape("cuda:1", dtype, (3, 5, 256), requires_grad=True)
+            out = outputs_of(info.public(*sample.args))
+            grads = torch.autograd.grad(out, _grad_tensors(info, sample.args), grads_for(out))
+            assert all(t.device == torch.device("cuda:1") for t in out + grads), info.name
+
+
+@TWO_GPUS
+@pytest.mark.parametrize("info", OPS)
+def test_second_gpu_current_stream(info):
+    """On cuda:1 with cuda:0 current, kernels run on cuda:1's current stream (a side stream
+    there), after the work queued on it, as on the default device (test_side_stream)."""
+    _check_side_stream(info, "cuda:1", current=0)
+
+
+def _takes_several_tensors(info):
+    sample = info.sample_for_shape("cpu", torch.float32, (2, 8), requires_grad=False)
+    return sum(isinstance(a, torch.Tensor) for a in sample.args) > 1
+
+
+@TWO_GPUS
+@pytest.mark.parametrize("info", [p for p in OPS if _takes_several_tensors(p.values[0])])
+def test_arguments_on_two_gpus_are_refused(info):
+    """Each tensor argument moved to cuda:1 beside the others on cuda:0: a ValueError naming
+    the argument and both devices, from the public function, before any kernel runs."""
+    sample = info.sample_for_shape("cuda:0", torch.float32, (4, 3, 256), requires_grad=False)
+    names = [a.name for a in info.op._schema.arguments]
+    checked = 0
+    for i, arg in enumerate(sample.args):
+        if i == 0 or not isinstance(arg, torch.Tensor):
+            continue
+        args = list(sample.args)
+        args[i] = arg.to("cuda:1")
+        with pytest.raises(ValueError, match=rf"^{info.name}: {names[i]} is on cuda:1 but \w+ is on cuda:0"):
+            info.public(*args)
+        checked += 1
+    assert checked > 0
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
 
 
 # Row widths past the block-caching kernels (16384 bf16, 8192 fp32 values). Forward on sm_90,
