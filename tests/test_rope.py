@@ -662,6 +662,16 @@ def test_rotary_embedding_module_behaviour():
         fusedops.nn.RotaryEmbedding(64, rope_scaling={"rope_type": "yarn", "factor": 2.0})
     with pytest.raises(ValueError, match=r"RotaryEmbedding: llama3 rope_scaling needs 'low_freq_factor'"):
         fusedops.nn.RotaryEmbedding(64, rope_scaling={"rope_type": "llama3", "factor": 8.0})
+    # A rope_scaling that names no rotation is refused (Hugging Face refuses it too), not read as
+    # the default one; the older "type" key names it as well.
+    no_type = {k: v for k, v in LLAMA3.items() if k != "rope_type"}
+    message = r"rope_scaling must name its rotation with 'rope_type' \(or 'type'\), got keys \['factor', "
+    with pytest.raises(ValueError, match=message):
+        fusedops.nn.RotaryEmbedding(64, rope_scaling=no_type)
+    with pytest.raises(ValueError, match=r"got \['default', 'llama3'\]"):
+        fusedops.nn.RotaryEmbedding(64, rope_scaling={**LLAMA3, "type": "default"})
+    legacy = fusedops.nn.RotaryEmbedding(64, rope_scaling={**no_type, "type": "llama3"})
+    assert torch.equal(legacy.inv_freq, fusedops.nn.RotaryEmbedding(64, rope_scaling=LLAMA3).inv_freq)
     # (the device given one place early lands in rope_scaling)
     with pytest.raises(TypeError, match=r"RotaryEmbedding: rope_scaling must be a dict .* or None, got str"):
         fusedops.nn.RotaryEmbedding(64, 2048, 10000.0, "cpu")
@@ -676,6 +686,9 @@ def test_rotary_embedding_module_behaviour():
     meta = fusedops.nn.RotaryEmbedding(64, device="meta")
     cos, sin = meta(torch.empty(2, 5, 8, device="meta", dtype=torch.bfloat16), torch.arange(5, device="meta")[None])
     assert cos.shape == sin.shape == (1, 5, 64) and cos.dtype == torch.bfloat16 and cos.device.type == "meta"
+    # The table follows x to its device (Hugging Face's rotary modules move it the same way).
+    cos, _ = rot(torch.empty(2, 5, 8, device="meta"), torch.arange(5, device="meta")[None])
+    assert cos.device.type == "meta" and rot.inv_freq.device.type == "cpu"
     x = torch.randn(1, 3, 8)
     cos, sin = torch.compile(rot, fullgraph=True)(x, torch.arange(3)[None])
     torch.testing.assert_close(cos, rot(x, torch.arange(3)[None])[0])

@@ -79,7 +79,18 @@ class RotaryEmbedding(torch.nn.Module):
                 f"got {type(rope_scaling).__name__}"
             )
         scaling = dict(rope_scaling or {})
-        self.rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_scaling is None:
+            self.rope_type = "default"
+        else:
+            # (Hugging Face's configs say "rope_type", older ones "type"; a dict with neither is
+            # refused, as Hugging Face refuses it, rather than read as the default rotation)
+            given = {scaling[key] for key in ("rope_type", "type") if key in scaling}
+            if len(given) != 1:
+                raise ValueError(
+                    "RotaryEmbedding: rope_scaling must name its rotation with 'rope_type' (or 'type'), "
+                    + (f"got {sorted(given)}" if given else f"got keys {sorted(scaling)}")
+                )
+            (self.rope_type,) = given
         # (a copy: a config edited later must not change the inv_freq that .to() forms again)
         self.rope_scaling = None if rope_scaling is None else scaling
         if self.rope_type == "llama3":
@@ -119,7 +130,8 @@ class RotaryEmbedding(torch.nn.Module):
             else contextlib.nullcontext()
         )
         with no_autocast:
-            angles = position_ids[..., None].to(torch.float32) * self.inv_freq.to(torch.float32)
+            # (the table moves to x's device, as Hugging Face's rotary modules move it)
+            angles = position_ids[..., None].to(torch.float32) * self.inv_freq.to(x.device, torch.float32)
             angles = torch.cat((angles, angles), dim=-1)
             cos = angles.cos() * self.attention_scaling
             sin = angles.sin() * self.attention_scaling
