@@ -136,13 +136,16 @@ STABLE_TORCH_LIBRARY(fusedops, m) {
       "linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias=None, "
       "Tensor? class_weight=None, int ignore_index=-100, str reduction=\"mean\", float label_smoothing=0., "
       "float z_loss=0., float? softcap=None, int? chunk_rows=None, bool low_memory=False, int? chunk_classes=None, "
-      "bool compute_grad=False) "
+      "bool compute_grad=False, bool[3] output_mask=[True, True, True]) "
       "-> (Tensor loss, Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias, Tensor bad_target)");
   // The backward by recomputation (reduction "none", or a forward without compute_grad): the
   // gradients for grad_output (0-d for "mean"/"sum", target's shape for "none"), dtypes as above.
+  // output_mask (both ops): which of grad_hidden, grad_weight, grad_bias are computed; the
+  // others come back empty (a frozen lm_head needs no (V, H) weight gradient, nor its product).
   m.def(
       "linear_cross_entropy_backward(Tensor grad_output, Tensor hidden, Tensor weight, Tensor target, "
       "Tensor? bias, Tensor? class_weight, int ignore_index, str reduction, float label_smoothing, float z_loss, "
-      "float? softcap, int? chunk_rows, bool low_memory=False, int? chunk_classes=None) "
+      "float? softcap, int? chunk_rows, bool low_memory=False, int? chunk_classes=None, "
+      "bool[3] output_mask=[True, True, True]) "
       "-> (Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)");
 }

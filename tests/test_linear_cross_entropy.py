@@ -116,6 +116,39 @@ def test_ignored_rows_get_zero_whatever_grad_output_they_receive(device, mode):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", MODES)
+def test_frozen_inputs_cost_no_gradient(device, mode):
+    """Only the gradients of the inputs that require grad are computed: with a frozen weight (an
+    adapter fine-tune's lm_head), hidden or bias, the forward keeps nothing of that input's size
+    for the backward, and the wanted gradients equal the reference's. The registered ops compute
+    what output_mask asks and return the rest empty, the others bitwise as with every gradient."""
+    h, w, b, t = _inputs(11, 6, 23, device)
+    names = ("hidden", "weight", "bias")
+    for frozen in names:
+        h_, w_, b_ = (x.detach().requires_grad_(name != frozen) for name, x in zip(names, (h, w, b)))
+        shapes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda x: shapes.append(tuple(x.shape)) or x, lambda x: x):
+            loss = fusedops.linear_cross_entropy(h_, w_, t, b_, **mode)
+        frozen_shape = {"hidden": (11, 6), "weight": (23, 6), "bias": (23,)}[frozen]
+        assert frozen_shape not in shapes, (frozen, shapes)
+        wanted = [x for x in (h_, w_, b_) if x.requires_grad]
+        got = torch.autograd.grad(loss, wanted)
+        want = torch.autograd.grad(reference(h_, w_, t, b_), wanted)
+        for g, r in zip(got, want):
+            _close(g, r, what=f"{frozen} frozen")
+    low_memory = mode.get("low_memory", False)
+    options = (None, -100, "mean", 0.0, 0.0, None, mode.get("chunk_rows"), low_memory, mode.get("chunk_classes"))
+    with torch.no_grad():
+        full = torch.ops.fusedops.linear_cross_entropy(h, w, t, b, *options, True)
+        part = torch.ops.fusedops.linear_cross_entropy(h, w, t, b, *options, True, [True, False, True])
+        assert part[2].numel() == 0 and torch.equal(part[1], full[1]) and torch.equal(part[3], full[3])
+        go = torch.tensor(1.0, dtype=torch.float64, device=device)
+        full = torch.ops.fusedops.linear_cross_entropy_backward(go, h, w, t, b, *options)
+        part = torch.ops.fusedops.linear_cross_entropy_backward(go, h, w, t, b, *options, [False, True, False])
+        assert part[0].numel() == 0 and part[2].numel() == 0 and torch.equal(part[1], full[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("N", [0, 1, 5, 8, 13])
 def test_chunk_boundaries(device, N):
     """Chunks of 1, 4, 5, 8 and 64 rows (N a multiple, not a multiple, smaller than a chunk,

@@ -704,6 +704,9 @@ def linear_cross_entropy(
             _real_number(owner, "softcap", softcap, optional=True), chunk_rows, bool(low_memory),
             chunk_classes,
             needs_grad and reduction != "none",
+            # (only the gradients wanted: a frozen lm_head's (V, H) one would cost its product
+            # and a float32 buffer of the weight's size until the backward)
+            [hidden.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad],
         )
         if direct_call_allowed(hidden, weight, bias, class_weight):
             loss, bad = _linear_cross_entropy.direct(needs_grad, *args)

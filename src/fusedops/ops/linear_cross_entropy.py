@@ -298,11 +298,11 @@ def _scaled_class_weight(class_weight, scale, V, acc):
 
 def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
             label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, want_loss=True, want_grad=False,
-            grad_output=None):
+            grad_output=None, output_mask=(True, True, True)):
     """The chunk loop. `kernels` = (cross_entropy forward, cross_entropy_ in place, slice_stats_,
     slice_grad_) with the registered ops' signatures; this loop uses the first two. class_weight
     in a dtype the kernels take (_run sees to it). grad_output: None (1) or a tensor (0-d, or per
-    row for "none").
+    row for "none"). output_mask: which of the three gradients want_grad computes.
     Returns (loss or None, grad_hidden, grad_weight, grad_bias) with empty tensors for what was
     not wanted."""
     ce_forward, ce_inplace = kernels[:2]
@@ -330,15 +330,12 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
     go_rows = None
     if grad_output is not None and reduction == "none":
         go_rows = _ce.zero_ignored_rows(grad_output.reshape(-1), (t, ignore_index))
-    if want_grad:
-        grad_hidden = hidden.new_empty((N, H))
-        # (the first chunk's product writes it: zeros only for a batch of no rows)
-        grad_weight = hidden.new_empty((V, H), dtype=acc) if N else hidden.new_zeros((V, H), dtype=acc)
-        grad_bias = hidden.new_zeros((V,), dtype=acc) if bias is not None else hidden.new_empty((0,), dtype=acc)
-    else:
-        grad_hidden = hidden.new_empty((0,))
-        grad_weight = hidden.new_empty((0,), dtype=acc)
-        grad_bias = hidden.new_empty((0,), dtype=acc)
+    want_h, want_w, want_b = (want_grad and m for m in output_mask)
+    want_b = want_b and bias is not None
+    grad_hidden = hidden.new_empty((N, H) if want_h else (0,))
+    # (the first chunk's product writes the weight's: zeros only for a batch of no rows)
+    grad_weight = (hidden.new_empty if N else hidden.new_zeros)((V, H) if want_w else (0,), dtype=acc)
+    grad_bias = hidden.new_zeros((V,) if want_b else (0,), dtype=acc)
     rows = chunk_rows_for(V, w.element_size(), chunk_rows, hidden.device.type)
     buf = hidden.new_empty((min(rows, N), V), dtype=dt) if N else None
     for start in range(0, N, rows):
@@ -363,12 +360,13 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
             continue
         if go_rows is not None:
             logits.mul_(go_rows[start:start + n, None])
-        if grad_hidden.dtype == dt:
+        if want_h and grad_hidden.dtype == dt:
             torch.mm(logits, w, out=grad_hidden[start:start + n])
-        else:
+        elif want_h:
             grad_hidden[start:start + n] = torch.mm(logits, w)
-        _accumulate_mm(grad_weight, logits.t(), xc, first=start == 0)
-        if bias is not None:
+        if want_w:
+            _accumulate_mm(grad_weight, logits.t(), xc, first=start == 0)
+        if want_b:
             grad_bias += logits.sum(0, dtype=acc)
     if want_loss and factor is not None:
         if folded:
@@ -382,7 +380,8 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
             grad_hidden.mul_(scale)
             grad_weight.mul_(scale)
             grad_bias.mul_(scale)
-        grad_hidden = grad_hidden.view(hidden.shape)
+        if want_h:
+            grad_hidden = grad_hidden.view(hidden.shape)
     return loss, grad_hidden, grad_weight, grad_bias
 
 
@@ -477,10 +476,10 @@ def _finish_rows(stats, t, class_weight, V, ignore_index, reduction, eps, z, gra
 
 def compute_low_memory(kernels, hidden, weight, target, bias=None, class_weight=None, ignore_index=-100,
                        reduction="mean", label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_classes=None,
-                       want_loss=True, want_grad=False, grad_output=None):
+                       want_loss=True, want_grad=False, grad_output=None, output_mask=(True, True, True)):
     """The slice loops. `kernels` as compute()'s, plus (slice_stats_, slice_grad_). Returns
     (loss or None, grad_hidden, grad_weight in the weight's dtype, grad_bias), empty tensors for
-    what was not wanted."""
+    what was not wanted (output_mask as compute()'s)."""
     slice_stats, slice_grad = kernels[2], kernels[3]
     acc = acc_dtype(hidden.dtype)
     H = hidden.shape[-1]
@@ -512,23 +511,27 @@ def compute_low_memory(kernels, hidden, weight, target, bias=None, class_weight=
                                grad_output, acc)
     if reduction == "none":
         loss = loss.view(target.shape)
-    if not want_grad:
-        # Three tensors, not one returned thrice: an op's outputs may not alias each other.
-        nothing = [hidden.new_empty((0,), dtype=d) for d in (hidden.dtype, acc, acc)]
-        return (loss if want_loss else None), *nothing
-    gh = hidden.new_zeros((N, H), dtype=acc)
-    grad_weight = weight.new_empty((V, H))
-    grad_bias = hidden.new_empty((V,) if bias is not None else (0,), dtype=acc)
-    for v0 in range(0, V, S):
+    want_h, want_w, want_b = (want_grad and m for m in output_mask)
+    want_b = want_b and bias is not None
+    # (three tensors, not one returned thrice, where nothing is wanted: an op's outputs may not
+    # alias each other)
+    gh = hidden.new_zeros((N, H) if want_h else (0,), dtype=acc)
+    grad_weight = weight.new_empty((V, H)) if want_w else hidden.new_empty((0,), dtype=acc)
+    grad_bias = hidden.new_empty((V,) if want_b else (0,), dtype=acc)
+    for v0 in range(0, V, S) if want_h or want_w or want_b else ():
         v1 = min(V, v0 + S)
         logits, ws = slice_logits(v0, v1)
         slice_grad(logits, t, class_weight, v0, ignore_index, softcap, smoothing, coefs)
-        _accumulate_mm(gh, logits, ws)
-        _mm_to(grad_weight[v0:v1], logits.t(), xd)
-        if bias is not None:
+        if want_h:
+            _accumulate_mm(gh, logits, ws)
+        if want_w:
+            _mm_to(grad_weight[v0:v1], logits.t(), xd)
+        if want_b:
             torch.sum(logits, 0, dtype=acc, out=grad_bias[v0:v1])
         del ws  # (a float32 weight's chunk copy: gone before the next one is made)
-    grad_hidden = (gh if gh.dtype == hidden.dtype else gh.to(hidden.dtype)).view(hidden.shape)
+    grad_hidden = gh if gh.dtype == hidden.dtype else gh.to(hidden.dtype)
+    if want_h:
+        grad_hidden = grad_hidden.view(hidden.shape)
     return (loss if want_loss else None), grad_hidden, grad_weight, grad_bias
 
 
@@ -563,14 +566,15 @@ def _run(kernels, hidden, weight, target, bias, class_weight, ignore_index, redu
 def _make_forward(kernels):
     def kernel(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
                label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, low_memory=False,
-               chunk_classes=None, compute_grad=False):
+               chunk_classes=None, compute_grad=False, output_mask=(True, True, True)):
         check(OP, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss,
               softcap, chunk_rows, low_memory, chunk_classes)
         with _direct.BelowAutograd(), torch.no_grad():
             bad = _bad_target_record(OP, target, weight.shape[0], ignore_index)
             loss, gh, gw, gb = _run(kernels, hidden, weight, target, bias, class_weight, ignore_index,
                                     reduction, label_smoothing, z_loss, softcap, chunk_rows, low_memory,
-                                    chunk_classes, want_loss=True, want_grad=compute_grad)
+                                    chunk_classes, want_loss=True, want_grad=compute_grad,
+                                    output_mask=tuple(output_mask))
         return loss, gh, gw, gb, bad
 
     return kernel
@@ -578,7 +582,7 @@ def _make_forward(kernels):
 
 def _make_backward(kernels):
     def kernel(grad_output, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
-               z_loss, softcap, chunk_rows, low_memory=False, chunk_classes=None):
+               z_loss, softcap, chunk_rows, low_memory=False, chunk_classes=None, output_mask=(True, True, True)):
         op = "linear_cross_entropy_backward"
         check(op, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss,
               softcap, chunk_rows, low_memory, chunk_classes)
@@ -587,7 +591,8 @@ def _make_backward(kernels):
         with _direct.BelowAutograd(), torch.no_grad():
             _loss, gh, gw, gb = _run(kernels, hidden, weight, target, bias, class_weight, ignore_index,
                                      reduction, label_smoothing, z_loss, softcap, chunk_rows, low_memory,
-                                     chunk_classes, want_loss=False, want_grad=True, grad_output=grad_output)
+                                     chunk_classes, want_loss=False, want_grad=True, grad_output=grad_output,
+                                     output_mask=tuple(output_mask))
         return gh, gw, gb
 
     return kernel
@@ -605,33 +610,36 @@ for _device in ("cpu", "cuda"):
 # ---- fake kernels ----------------------------------------------------------------------------
 
 
-def _grads_like(hidden, weight, bias, wanted, low_memory):
+def _grads_like(hidden, weight, bias, wanted, low_memory, output_mask):
     acc = acc_dtype(hidden.dtype)
-    if not wanted:
-        return hidden.new_empty((0,)), hidden.new_empty((0,), dtype=acc), hidden.new_empty((0,), dtype=acc)
-    gb = hidden.new_empty((weight.shape[0],), dtype=acc) if bias is not None else hidden.new_empty((0,), dtype=acc)
-    gw = weight.new_empty(weight.shape) if low_memory else hidden.new_empty(weight.shape, dtype=acc)
-    return hidden.new_empty(hidden.shape), gw, gb
+    want_h, want_w, want_b = (wanted and m for m in output_mask)
+    gh = hidden.new_empty(hidden.shape if want_h else (0,))
+    if not want_w:
+        gw = hidden.new_empty((0,), dtype=acc)
+    else:
+        gw = weight.new_empty(weight.shape) if low_memory else hidden.new_empty(weight.shape, dtype=acc)
+    gb = hidden.new_empty((weight.shape[0],) if want_b and bias is not None else (0,), dtype=acc)
+    return gh, gw, gb
 
 
 @torch.library.register_fake("fusedops::linear_cross_entropy")
 def _forward_fake(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
                   label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, low_memory=False,
-                  chunk_classes=None, compute_grad=False):
+                  chunk_classes=None, compute_grad=False, output_mask=(True, True, True)):
     check(OP, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
           chunk_rows, low_memory, chunk_classes)
     loss = hidden.new_empty(target.shape if reduction == "none" else (), dtype=acc_dtype(hidden.dtype))
-    grads = _grads_like(hidden, weight, bias, compute_grad, low_memory)
+    grads = _grads_like(hidden, weight, bias, compute_grad, low_memory, output_mask)
     return (loss, *grads, hidden.new_empty((), dtype=torch.int64))
 
 
 @torch.library.register_fake("fusedops::linear_cross_entropy_backward")
 def _backward_fake(grad_output, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
-                   z_loss, softcap, chunk_rows, low_memory=False, chunk_classes=None):
+                   z_loss, softcap, chunk_rows, low_memory=False, chunk_classes=None, output_mask=(True, True, True)):
     check("linear_cross_entropy_backward", hidden, weight, target, bias, class_weight, ignore_index, reduction,
           label_smoothing, z_loss, softcap, chunk_rows, low_memory, chunk_classes)
     check_backward(grad_output, hidden, target, reduction)
-    return _grads_like(hidden, weight, bias, True, low_memory)
+    return _grads_like(hidden, weight, bias, True, low_memory, output_mask)
 
 
 # ---- autograd ------------------------------------------------------------------------------
@@ -653,7 +661,7 @@ def _save(ctx, inputs, output, token, private):
     """`token`: the direct Function's graph_token (None on the registered route); `private`:
     whether no caller holds the gradient outputs, so that backward may scale them in place."""
     (hidden, weight, target, bias, class_weight, ignore_index, reduction, ls, z, cap, chunk_rows, low_memory,
-     chunk_classes, compute_grad) = inputs
+     chunk_classes, compute_grad, _output_mask) = inputs
     _loss, gh, gw, gb, bad = output
     ctx.recompute = reduction == "none" or not compute_grad
     ctx.options = (ignore_index, reduction, ls, z, cap, chunk_rows, low_memory, chunk_classes)
@@ -668,7 +676,7 @@ def _save(ctx, inputs, output, token, private):
     ctx.set_materialize_grads(False)
 
 
-_DEFAULTS = (None, None, -100, "mean", 0.0, 0.0, None, None, False, None, False)
+_DEFAULTS = (None, None, -100, "mean", 0.0, 0.0, None, None, False, None, False, (True, True, True))
 
 
 def _all_inputs(inputs):
@@ -692,7 +700,7 @@ def _scale_to(grad_output, grad, dtype, token, private):
 
 def _backward(ctx, grad_loss, *_unused):
     _deferred.pending.raise_finished()
-    n_inputs = 14
+    n_inputs = 15
     if grad_loss is None:
         return (None,) * n_inputs
     # (padded: the dispatcher leaves out trailing arguments that equal their defaults, and
@@ -706,8 +714,9 @@ def _backward(ctx, grad_loss, *_unused):
     wdt, bdt = ctx.dtypes
     if ctx.recompute:
         hidden, weight, target, bias, class_weight = ctx.saved_tensors
+        mask = [needs[0], needs[1], ctx.has_bias and needs[3]]
         with _direct.below_autograd_unless_grad():
-            gh, gw, gb = backward(grad_loss, hidden, weight, target, bias, class_weight, *ctx.options)
+            gh, gw, gb = backward(grad_loss, hidden, weight, target, bias, class_weight, *ctx.options, mask)
         gw = gw.to(wdt) if needs[1] else None
         gb = gb.to(bdt) if ctx.has_bias and needs[3] else None
     else:
@@ -771,7 +780,7 @@ _AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU) | tor
 def _autocast_kernel(device_type):
     def rule(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
              label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, low_memory=False,
-             chunk_classes=None, compute_grad=False):
+             chunk_classes=None, compute_grad=False, output_mask=(True, True, True)):
         dt = torch.get_autocast_dtype(device_type)
         if hidden.dtype in NARROW + (torch.float32,) and hidden.dtype != dt:
             hidden = hidden.to(dt)
@@ -784,7 +793,7 @@ def _autocast_kernel(device_type):
             bias = bias.to(dt)
         with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
             return forward(hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
-                           z_loss, softcap, chunk_rows, low_memory, chunk_classes, compute_grad)
+                           z_loss, softcap, chunk_rows, low_memory, chunk_classes, compute_grad, output_mask)
 
     return rule
 
