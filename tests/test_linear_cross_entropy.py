@@ -127,7 +127,8 @@ def test_frozen_inputs_cost_no_gradient(device, mode):
     for frozen in names:
         h_, w_, b_ = (x.detach().requires_grad_(name != frozen) for name, x in zip(names, (h, w, b)))
         shapes = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda x: shapes.append(tuple(x.shape)) or x, lambda x: x):
+        keep = lambda x: shapes.append(tuple(x.shape)) or x  # noqa: E731
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda x: x):
             loss = fusedops.linear_cross_entropy(h_, w_, t, b_, **mode)
         frozen_shape = {"hidden": (11, 6), "weight": (23, 6), "bias": (23,)}[frozen]
         assert frozen_shape not in shapes, (frozen, shapes)
@@ -137,14 +138,16 @@ def test_frozen_inputs_cost_no_gradient(device, mode):
         for g, r in zip(got, want):
             _close(g, r, what=f"{frozen} frozen")
     low_memory = mode.get("low_memory", False)
-    options = (None, -100, "mean", 0.0, 0.0, None, mode.get("chunk_rows"), low_memory, mode.get("chunk_classes"))
+    options = (None, -100, "mean", 0.0, 0.0, None, mode.get("chunk_rows"), low_memory,
+               mode.get("chunk_classes"))
     with torch.no_grad():
         full = torch.ops.fusedops.linear_cross_entropy(h, w, t, b, *options, True)
         part = torch.ops.fusedops.linear_cross_entropy(h, w, t, b, *options, True, [True, False, True])
         assert part[2].numel() == 0 and torch.equal(part[1], full[1]) and torch.equal(part[3], full[3])
         go = torch.tensor(1.0, dtype=torch.float64, device=device)
         full = torch.ops.fusedops.linear_cross_entropy_backward(go, h, w, t, b, *options)
-        part = torch.ops.fusedops.linear_cross_entropy_backward(go, h, w, t, b, *options, [False, True, False])
+        part = torch.ops.fusedops.linear_cross_entropy_backward(go, h, w, t, b, *options,
+                                                                [False, True, False])
         assert part[0].numel() == 0 and part[2].numel() == 0 and torch.equal(part[1], full[1])
 
 

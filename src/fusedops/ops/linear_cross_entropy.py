@@ -582,7 +582,8 @@ def _make_forward(kernels):
 
 def _make_backward(kernels):
     def kernel(grad_output, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
-               z_loss, softcap, chunk_rows, low_memory=False, chunk_classes=None, output_mask=(True, True, True)):
+               z_loss, softcap, chunk_rows, low_memory=False, chunk_classes=None,
+               output_mask=(True, True, True)):
         op = "linear_cross_entropy_backward"
         check(op, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing, z_loss,
               softcap, chunk_rows, low_memory, chunk_classes)
@@ -635,7 +636,8 @@ def _forward_fake(hidden, weight, target, bias=None, class_weight=None, ignore_i
 
 @torch.library.register_fake("fusedops::linear_cross_entropy_backward")
 def _backward_fake(grad_output, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
-                   z_loss, softcap, chunk_rows, low_memory=False, chunk_classes=None, output_mask=(True, True, True)):
+                   z_loss, softcap, chunk_rows, low_memory=False, chunk_classes=None,
+               output_mask=(True, True, True)):
     check("linear_cross_entropy_backward", hidden, weight, target, bias, class_weight, ignore_index, reduction,
           label_smoothing, z_loss, softcap, chunk_rows, low_memory, chunk_classes)
     check_backward(grad_output, hidden, target, reduction)
