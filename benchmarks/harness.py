@@ -1007,6 +1007,34 @@ def _host_bound(r) -> bool:
     return p20 is not None and p80 is not None and p20 > 0 and p80 / p20 > HOST_BOUND_SPREAD
 
 
+# Rows whose runs started further apart than this, or on other machines, are not from one
+# session: their ratio is marked (the same code moves by 2-40% between sessions).
+SESSION_SECONDS = 3600
+
+
+def _sessions(runs: list):
+    """(run_id -> "r<n>", the numbering of the Runs table; same_session(a, b) for two rows)."""
+    label = {run.get("run_id"): f"r{i}" for i, run in enumerate(runs, 1)}
+    by_id = {run.get("run_id"): run for run in runs}
+
+    def started(run):
+        try:
+            return datetime.datetime.fromisoformat(run.get("date", ""))
+        except (TypeError, ValueError):
+            return None
+
+    def same_session(a: dict, b: dict) -> bool:
+        ra, rb = by_id.get(a.get("run_id")), by_id.get(b.get("run_id"))
+        if ra is None or rb is None or ra is rb:
+            return True  # (unknown runs: nothing to say)
+        if a.get("device_name") != b.get("device_name"):
+            return False
+        ta, tb = started(ra), started(rb)
+        return ta is None or tb is None or abs((ta - tb).total_seconds()) <= SESSION_SECONDS
+
+    return label, same_session
+
+
 def render_markdown(rows: list, runs: list, entries: dict) -> str:
     out = ["# fusedops benchmark results", ""]
     devices = sorted({r["device"] for r in rows})
@@ -1014,13 +1042,14 @@ def render_markdown(rows: list, runs: list, entries: dict) -> str:
     out.append(f"Device: {', '.join(names) or '?'} ({', '.join(devices)}).  Results of "
                f"{len(runs)} run(s), merged into one table.")
     out += ["", "## Runs", ""]
+    run_label, same_session = _sessions(runs)
     body = []
     for run in runs:
         body.append([
-            f"`{run.get('run_id', '')}`", run.get("date", ""), f"`{run.get('command', '')}`",
-            _fmt(run.get("copy_tbps"), ".4g"), str(run.get("threads", "")),
+            run_label[run.get("run_id")], f"`{run.get('run_id', '')}`", run.get("date", ""),
+            f"`{run.get('command', '')}`", _fmt(run.get("copy_tbps"), ".4g"), str(run.get("threads", "")),
         ])
-    out += _md_table(["run", "date", "command", "copy TB/s", "torch threads"], body)
+    out += _md_table(["", "run", "date", "command", "copy TB/s", "torch threads"], body)
     out += [""]
     for run in runs:
         parts = [
@@ -1056,7 +1085,11 @@ def render_markdown(rows: list, runs: list, entries: dict) -> str:
         "was allocated before it, its outputs and gradients included.  *‡* after a GPU time: its "
         f"repetitions spread by more than {HOST_BOUND_SPREAD - 1:.0%} (p80 / p20), the sign that in "
         "some of them the GPU waited for the host (a call whose host side outlasts do_bench's L2 "
-        "flush): that time partly measures the host, and the wall column is the figure to compare.",
+        "flush): that time partly measures the host, and the wall column is the figure to compare.  "
+        "*run*: the row's run in the Runs table.  *†* after a ratio: the two rows come from runs "
+        f"on other machines or started more than {SESSION_SECONDS // 60} minutes apart, not one "
+        "session: a comparison across sessions, which the same code's timings can move by several "
+        "percent (more for host-bound rows).",
     ]
     for (op, device), group in _groups(rows).items():
         entry = entries.get(op)
@@ -1077,7 +1110,7 @@ def render_markdown(rows: list, runs: list, entries: dict) -> str:
             peers = [p for p in providers
                      if has_subject and any(r["provider"] == p and r["role"] == "peer" and r["status"] == "ok"
                                             for r in mode_rows)]
-            headers = ["shape", "dtype", "provider"]
+            headers = ["shape", "dtype", "provider", "run"]
             headers += ["GPU ms", "wall us"] if gpu else ["CPU ms"]
             headers += ["TB/s", "% copy"]
             memory = any(fnum(r.get("peak_mib")) is not None for r in mode_rows)
@@ -1093,7 +1126,8 @@ def render_markdown(rows: list, runs: list, entries: dict) -> str:
                     r = index.get((mode, shape, dtype, p))
                     if r is None or r["status"] != "ok":
                         continue
-                    cells = [shape, dtype, f"**{p}**" if r["role"] == "subject" else p]
+                    cells = [shape, dtype, f"**{p}**" if r["role"] == "subject" else p,
+                             run_label.get(r.get("run_id"), "?")]
                     cells.append(_fmt(fnum(r["time_ms"]), ".4g") + (" ‡" if gpu and _host_bound(r) else ""))
                     if gpu:
                         cells.append(_fmt(fnum(r["wall_us"]), ".1f"))
@@ -1108,11 +1142,13 @@ def render_markdown(rows: list, runs: list, entries: dict) -> str:
                             continue
                         peer_row = index.get((mode, shape, dtype, peer))
                         k = _ratio(peer_row, r, "time_ms")
+                        mark = "" if k is None or same_session(peer_row, r) else " †"
                         if gpu:
                             w = _ratio(peer_row, r, "wall_us")
-                            cells.append("n/a" if k is None else f"{k:.2f}" + (f" ({w:.2f})" if w else ""))
+                            wall = f" ({w:.2f})" if w else ""
+                            cells.append("n/a" if k is None else f"{k:.2f}{wall}{mark}")
                         else:
-                            cells.append("n/a" if k is None else f"{k:.2f}")
+                            cells.append("n/a" if k is None else f"{k:.2f}" + mark)
                     body.append(cells)
             out += [f"### {op} {mode}", ""]
             out += _md_table(headers, body) if body else ["(nothing timed)"]

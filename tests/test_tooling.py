@@ -71,6 +71,30 @@ def test_bench_run_without_rows_never_replaces_results(bench, old_results):
     assert (old_results / "results.csv").read_text() == before
 
 
+def test_bench_report_marks_ratios_across_sessions(bench):
+    """A table's ratio between rows of two runs started hours apart (or on other machines) is
+    marked with a dagger, and each row names its run; rows of one session compare unmarked."""
+    from benchmarks import harness
+
+    def row(provider, role, run_id, ms, device_name="GPU A"):
+        return dict(op="rms_norm", mode="fwd", shape="16x4096", dtype="bf16", size="small", provider=provider,
+                    role=role, status="ok", time_ms=str(ms), time_ms_p20=str(ms), time_ms_p80=str(ms),
+                    wall_us="", tbps="1", pct_copy="50", device="cpu", device_name=device_name, run_id=run_id)
+
+    runs = [{"run_id": "a", "date": "2026-12-01T10:00:00+00:00"},
+            {"run_id": "b", "date": "2026-12-01T10:20:00+00:00"},
+            {"run_id": "c", "date": "2026-12-01T14:00:00+00:00"}]
+    rows = [row("eager", "peer", "a", 2.0), row("torch.compile", "peer", "c", 3.0),
+            row("fusedops-cpu", "subject", "b", 1.0)]
+    table = harness.render_markdown(rows, runs, {})
+    line = next(x for x in table.splitlines() if "**fusedops-cpu**" in x)
+    assert line.split(" | ")[3] == "r2"
+    assert line.endswith("| 2.00 | 3.00 † |"), line
+    other_machine = [row("eager", "peer", "a", 2.0, "GPU B"), row("fusedops-cpu", "subject", "b", 1.0)]
+    line = next(x for x in harness.render_markdown(other_machine, runs, {}).splitlines() if "**fusedops" in x)
+    assert line.endswith("| 2.00 † |"), line
+
+
 def test_bench_merge_needs_out(bench, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.parse_args(["--merge", str(tmp_path)])
