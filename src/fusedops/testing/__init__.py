@@ -118,11 +118,11 @@ def check_against_reference(
         for a in sample.args
     )
     refs = outputs_of(info.reference(*ref_args))
-    assert len(outs) == len(refs) == len(info.output_dtype_argnums), f"{name} {sample.desc}: outputs"
+    _require(len(outs) == len(refs) == len(info.output_dtype_argnums), f"{name} {sample.desc}: outputs")
     for k, (out, ref, argnum) in enumerate(zip(outs, refs, info.output_dtype_argnums)):
         what = f"{name} {sample.desc} output {k}"
-        assert out.dtype == sample.args[argnum].dtype, f"{what}: dtype {out.dtype}"
-        assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)}"
+        _require(out.dtype == sample.args[argnum].dtype, f"{what}: dtype {out.dtype}")
+        _require(out.shape == ref.shape, f"{what}: shape {tuple(out.shape)}")
         _assert_close(out, ref, tol, f"{what} (forward)")
     wrt = [i for i in info.grad_argnums if isinstance(sample.args[i], torch.Tensor) and sample.args[i].requires_grad]
     if not wrt:
@@ -136,7 +136,7 @@ def check_against_reference(
         t = sample.args[i]
         if rg is None:
             rg = torch.zeros_like(t, dtype=torch.float64)
-        assert g is not None and g.dtype == t.dtype and g.shape == t.shape, f"{name} grad {i} {sample.desc}"
+        _require(g is not None and g.dtype == t.dtype and g.shape == t.shape, f"{name} grad {i} {sample.desc}")
         scale = row_scale(rg)
         _assert_close(g / scale, rg / scale, gtol, f"{name} grad of arg {i} {sample.desc}")
 
@@ -148,6 +148,12 @@ def row_scale(t: torch.Tensor) -> torch.Tensor:
         return torch.ones((), dtype=torch.float64, device=t.device)
     peak = t.detach().abs().amax(dim=-1, keepdim=True) if t.dim() >= 2 else t.detach().abs().max()
     return peak.clamp(min=1.0)
+
+
+def _require(condition: bool, what: str) -> None:
+    # (not `assert`, which python -O removes: `python -m fusedops`'s self-check runs this too)
+    if not condition:
+        raise AssertionError(what)
 
 
 def _assert_close(actual, expected, tol, what):
