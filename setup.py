@@ -109,6 +109,17 @@ class CMakeBuild(build_ext):
     """Configures and builds CMakeLists.txt once, then places each library where setuptools
     expects the extension of the same name."""
 
+    # Whether the libraries go into the checkout (an editable install, or build_ext --inplace),
+    # where the build record then goes too; a wheel's build leaves the checkout's record alone
+    # (it belongs to the editable install the checkout may also serve).
+    into_source = False
+
+    def run(self):
+        # (build_ext.run clears inplace while it builds; editable_mode is setuptools' flag for
+        # a PEP 660 editable install)
+        self.into_source = bool(self.inplace or getattr(self, "editable_mode", False))
+        super().run()
+
     def build_extensions(self):
         import torch
 
@@ -166,7 +177,10 @@ class CMakeBuild(build_ext):
         }
         text = '"""Written by setup.py: how the native libraries of this install were built."""\n\nBUILD_INFO = {\n'
         text += "".join(f"    {k!r}: {v!r},\n" for k, v in info.items()) + "}\n"
-        for base in {Path(self.get_ext_fullpath("fusedops._C")).parent, ROOT / "src" / "fusedops"}:
+        bases = {Path(self.get_ext_fullpath("fusedops._C")).parent}
+        if self.into_source:
+            bases.add(ROOT / "src" / "fusedops")
+        for base in bases:
             if base.is_dir():
                 (base / "_build_info.py").write_text(text)
 

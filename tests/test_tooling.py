@@ -203,6 +203,27 @@ def test_setup_records_the_compiler_from_the_cmake_cache(setup_py, tmp_path):
     assert setup_py._first_version_line(str(tmp_path / "no-such-compiler")) == ""
 
 
+def test_setup_writes_the_checkouts_build_record_only_for_builds_into_it(setup_py, tmp_path, monkeypatch):
+    """A wheel built from a checkout (pip install ., pip wheel .) writes its build record beside
+    its own libraries only, not over src/fusedops/_build_info.py, which describes the libraries
+    an editable install put in the checkout; an editable (in-place) build writes both."""
+    from setuptools import Distribution
+
+    monkeypatch.setattr(setup_py, "ROOT", tmp_path)
+    source, built = tmp_path / "src" / "fusedops", tmp_path / "build" / "lib" / "fusedops"
+    source.mkdir(parents=True)
+    built.mkdir(parents=True)
+    for into_source in (False, True):
+        for d in (source, built):
+            (d / "_build_info.py").write_text("BUILD_INFO = 'before'\n")
+        command = setup_py.CMakeBuild(Distribution({"name": "fusedops"}))
+        command.get_ext_fullpath = lambda name: str(built / "_C.abi3.so")
+        command.into_source = into_source
+        command._write_build_info(torch, False, None, "", "Release", tmp_path)
+        assert "'torch_target': '2.10'" in (built / "_build_info.py").read_text()
+        assert ("'torch_target': '2.10'" in (source / "_build_info.py").read_text()) == into_source
+
+
 # ---- the native loader --------------------------------------------------------------------------
 
 
@@ -284,6 +305,27 @@ def test_main_self_check_covers_the_in_place_forms(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "add_rms_norm " in out and "add_rms_norm_ " in out
     assert [line.split()[0] for line in out.splitlines() if "FAILED" in line] == ["add_rms_norm_"]
+
+
+def test_main_self_check_fails_a_wrong_dtype_under_python_O():
+    """The self-check's structural checks (output count, dtype, shape) hold under `python -O`,
+    which strips `assert` statements: an op returning float32 for bf16 input fails there too."""
+    import subprocess
+    import textwrap
+
+    script = textwrap.dedent("""
+        import dataclasses, sys
+        from fusedops import __main__ as cli
+        from fusedops.testing import OP_TESTS_BY_NAME
+        info = OP_TESTS_BY_NAME["rms_norm"]
+        wrong = dataclasses.replace(info, public=lambda *a: info.public(*a).float(), public_variants=())
+        cli._devices = lambda: ["cpu"]
+        cli.OP_TESTS = [wrong]
+        sys.exit(0 if cli._self_check() else 3)
+    """)
+    done = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "dtype torch.float32" in done.stdout
 
 
 def test_main_benchmark_reports_a_raising_op_and_goes_on(monkeypatch, capsys):
