@@ -501,6 +501,59 @@ def test_all_ignored_mean_is_nan_like_torch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("options", [{}, {"inplace_grad": True}, {"label_smoothing": 0.1, "weighted": True},
+                                     {"z_loss": 1e-3}], ids=["plain", "inplace_grad", "smoothing_weights", "z_loss"])
+def test_float16_mean_gradient_survives_loss_scaling(device, options):
+    """float16 logits, "mean", the loss scaled by 4096 before the backward (a loss scaler): the
+    gradient keeps float16's precision (entries p_j / N lie below float16's normal range, and a
+    gradient kept already divided by N lost them: a quarter of them 0, median error 1e-1); here
+    at least as accurate as torch's float16 path against float64."""
+    options = dict(options)
+    g = torch.Generator().manual_seed(1)
+    x = (2 * torch.randn(512, 2048, generator=g)).half().to(device)
+    t = torch.randint(0, 2048, (512,), generator=g).to(device)
+    t[::7] = -100
+    if options.pop("weighted", False):
+        options["weight"] = (torch.rand(2048, generator=g) + 0.5).half().to(device)
+    torch_options = {k: v for k, v in options.items() if k in ("weight", "label_smoothing")}
+    xo = x.clone().requires_grad_()
+    loss = fusedops.cross_entropy(xo * 1.0 if options.get("inplace_grad") else xo, t, **options)
+    (loss * 4096).backward()
+    xt = x.clone().requires_grad_()
+    (F.cross_entropy(xt, t, **torch_options) * 4096).backward()
+    xd = x.double().requires_grad_()
+    reference_loss = reference(xd, t, **{k: v for k, v in options.items() if k != "inplace_grad"})
+    (reference_loss * 4096).backward()
+    nonzero = xd.grad != 0
+
+    def error(grad):
+        return ((grad.double() - xd.grad).abs()[nonzero] / xd.grad.abs()[nonzero]).median().item()
+
+    assert error(xo.grad) <= max(error(xt.grad), 2e-3), (error(xo.grad), error(xt.grad))
+    assert ((xo.grad == 0) & nonzero).float().mean().item() < 1e-3
+    torch.testing.assert_close(loss.double(), reference_loss.detach(), atol=0, rtol=2e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float16_mean_with_nothing_kept_like_torch(device):
+    """float16 "mean" where no row counts (all ignored; or every kept target's weight 0): the
+    loss is 0 / 0, NaN, and the gradient 0 in ignored rows and NaN in kept ones, as torch's."""
+    x, t = _problem(device, dtype=torch.float16)
+    for case in ("all ignored", "zero weights"):
+        kw = {}
+        tc = torch.full_like(t, -100) if case == "all ignored" else t
+        if case == "zero weights":
+            kw["weight"] = torch.ones(50, device=device, dtype=torch.float16)
+            kw["weight"][t[t >= 0]] = 0
+        loss = fusedops.cross_entropy(x, tc, **kw)
+        (grad,) = torch.autograd.grad(loss, x)
+        xr = x.detach().clone().requires_grad_()
+        F.cross_entropy(xr.float(), tc, **{k: v.float() for k, v in kw.items()}).backward()
+        assert torch.isnan(loss), case
+        assert torch.equal(grad.isnan(), xr.grad.isnan()) and (grad[tc == -100] == 0).all(), case
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 def test_zero_weight_mean_like_torch(device, label_smoothing):
     """Weights that are 0 for every kept target: 0 / 0 under "mean", as torch, even where the

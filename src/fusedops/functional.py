@@ -599,6 +599,15 @@ def cross_entropy(
         if not _is_a(bool, inplace_grad):  # (a truthy "False" must not overwrite the logits)
             raise TypeError(f"fusedops.cross_entropy: inplace_grad must be a bool, got {type(inplace_grad).__name__}")
         in_place = inplace_grad and not compiling and torch.is_grad_enabled() and logits.requires_grad
+        # float16 "mean" with a gradient: the kernels fold the mean's denominator into the
+        # gradient they keep in float16, where p_j / N falls below float16's normal range before
+        # the backward's grad_output (a loss scaler's 2^16) could lift it. The per-row losses
+        # instead, averaged here in float32: their gradient is kept unscaled, and the denominator
+        # reaches the backward with grad_output.
+        mean_of_rows = (reduction == "mean" and logits.dtype == torch.float16 and logits.shape[-1] > 0
+                        and torch.is_grad_enabled() and logits.requires_grad and (weight is None or not z_loss))
+        if mean_of_rows:
+            args = (*args[:4], "none", *args[5:])
         if direct_call_allowed(logits, weight):
             if in_place:
                 loss, bad = _cross_entropy.direct_inplace(*args)
@@ -615,6 +624,8 @@ def cross_entropy(
             gpu_check.finish(
                 bad, _cross_entropy.target_message("cross_entropy", target, logits.shape[-1], ignore_index)
             )
+        if mean_of_rows:
+            loss = _cross_entropy.mean_of_rows(loss, target, weight, ignore_index)
         if loss.dtype != logits.dtype and not _autocast_enabled(logits.device.type):
             loss = loss.to(logits.dtype)
         return loss

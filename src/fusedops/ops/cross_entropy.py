@@ -316,6 +316,22 @@ def gradients_dropped() -> bool:
     return _calls.gradients_dropped
 
 
+def mean_of_rows(loss_rows, target, weight, ignore_index):
+    """reduction "mean" from the per-row losses (float32) of reduction "none": their sum over the
+    sum of the kept rows' class weights (their count without class weights), and 0 / 0, NaN, when
+    that is 0, as torch's (whose gradient then is NaN in kept rows and 0 in ignored ones, as the
+    per-row backward gives)."""
+    kept = target != ignore_index
+    if weight is None:
+        denominator = kept.sum(dtype=loss_rows.dtype)
+    else:
+        w = weight.to(loss_rows.dtype)
+        # (a bad target, which has made its row's loss NaN already, must not index out of range)
+        denominator = torch.where(kept, w[target.clamp(0, w.numel() - 1)], 0).sum()
+    nothing_kept = torch.where(denominator == 0, float("nan"), 0.0)
+    return loss_rows.sum() / denominator + nothing_kept
+
+
 def zero_ignored_rows(grad_output, ignored):
     """A per-row grad_output with the entries of ignored rows (target == ignore_index) set to 0:
     their gradient is 0 whatever arrives, as torch's is, where 0 times a NaN or inf incoming
