@@ -502,7 +502,8 @@ def test_all_ignored_mean_is_nan_like_torch(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("options", [{}, {"inplace_grad": True}, {"label_smoothing": 0.1, "weighted": True},
-                                     {"z_loss": 1e-3}], ids=["plain", "inplace_grad", "smoothing_weights", "z_loss"])
+                                     {"z_loss": 1e-3}],
+                         ids=["plain", "inplace_grad", "smoothing_weights", "z_loss"])
 def test_float16_mean_gradient_survives_loss_scaling(device, options):
     """float16 logits, "mean", the loss scaled by 4096 before the backward (a loss scaler): the
     gradient keeps float16's precision (entries p_j / N lie below float16's normal range, and a

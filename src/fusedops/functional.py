@@ -605,7 +605,8 @@ def cross_entropy(
         # instead, averaged here in float32: their gradient is kept unscaled, and the denominator
         # reaches the backward with grad_output.
         mean_of_rows = (reduction == "mean" and logits.dtype == torch.float16 and logits.shape[-1] > 0
-                        and torch.is_grad_enabled() and logits.requires_grad and (weight is None or not z_loss))
+                        and torch.is_grad_enabled() and logits.requires_grad
+                        and (weight is None or not z_loss))
         if mean_of_rows:
             args = (*args[:4], "none", *args[5:])
         if direct_call_allowed(logits, weight):
