@@ -442,10 +442,11 @@ def _setup_context(ctx, inputs, output):
     _loss, lse, grad, bad = output
     ctx.compute_grad = compute_grad
     ctx.private = gradients_dropped()
-    ctx.ignore_index = inputs[3] if len(inputs) > 3 else -100
-    ctx.per_row = len(inputs) > 4 and inputs[4] == "none"
+    ignore_index = inputs[3] if len(inputs) > 3 else -100
+    reduction = inputs[4] if len(inputs) > 4 else "mean"
+    per_row_target = _per_row_target(ctx, inputs[1], ignore_index, reduction)
     if compute_grad:
-        ctx.save_for_backward(grad, *((inputs[1],) if ctx.per_row else ()))
+        ctx.save_for_backward(grad, *per_row_target)
     else:
         # Called for logits that need a gradient without computing it (the caller could not
         # tell they did: under torch.func.vmap the batched logits report requires_grad=False):
@@ -467,11 +468,9 @@ def _backward(ctx, grad_loss, grad_lse, _grad_grad, _grad_bad):
         logits, target, *weight = ctx.saved_tensors
         with _direct.below_autograd_unless_grad():
             grad = forward(logits, target, weight[0] if has_weight else None, *options, compute_grad=True)[2]
-        ignored = (target, ctx.ignore_index) if ctx.per_row else None
-        return (scale(grad_loss, grad, None, True, ignored=ignored),) + (None,) * 8
+        return (scale(grad_loss, grad, None, True, ignored=_ignored(ctx, [target])),) + (None,) * 8
     grad, *target = ctx.saved_tensors
-    ignored = (target[0], ctx.ignore_index) if ctx.per_row else None
-    return (scale(grad_loss, grad, None, ctx.private, ignored=ignored),) + (None,) * 8
+    return (scale(grad_loss, grad, None, ctx.private, ignored=_ignored(ctx, target)),) + (None,) * 8
 
 
 torch.library.register_autograd("fusedops::cross_entropy", _backward, setup_context=_setup_context)
@@ -490,9 +489,16 @@ def graph_token(like):
 
 
 def _per_row_target(ctx, target, ignore_index, reduction):
-    """In a Function's forward: the target to save beside the gradient for a per-row backward."""
+    """In a forward: the target to save beside the gradient for a per-row backward (reduction
+    "none", whose ignored rows' grad_output the backward zeroes: zero_ignored_rows)."""
     ctx.ignore_index = ignore_index
-    return (target,) if reduction == "none" else ()
+    ctx.per_row = reduction == "none"
+    return (target,) if ctx.per_row else ()
+
+
+def _ignored(ctx, saved_target):
+    """scale()'s `ignored` from what _per_row_target had saved (a list of the target, or none)."""
+    return (saved_target[0], ctx.ignore_index) if ctx.per_row else None
 
 
 def _function_backward(ctx, grad_loss, grad_lse):
@@ -503,8 +509,7 @@ def _function_backward(ctx, grad_loss, grad_lse):
     if grad_loss is None:
         return (None,) * 8
     grad, token, *target = ctx.saved_tensors
-    ignored = (target[0], ctx.ignore_index) if target else None
-    return (scale(grad_loss, grad, token, True, ignored=ignored),) + (None,) * 7
+    return (scale(grad_loss, grad, token, True, ignored=_ignored(ctx, target)),) + (None,) * 7
 
 
 class _Function(torch.autograd.Function):

@@ -296,6 +296,12 @@ def _scaled_class_weight(class_weight, scale, V, acc):
     return class_weight.to(acc) * scale
 
 
+def _wanted_grads(want_grad, output_mask, bias):
+    """(hidden's, weight's, bias's): which gradients a call computes."""
+    want_h, want_w, want_b = (bool(want_grad and m) for m in output_mask)
+    return want_h, want_w, want_b and bias is not None
+
+
 def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
             label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, want_loss=True, want_grad=False,
             grad_output=None, output_mask=(True, True, True)):
@@ -330,8 +336,7 @@ def compute(kernels, hidden, weight, target, bias=None, class_weight=None, ignor
     go_rows = None
     if grad_output is not None and reduction == "none":
         go_rows = _ce.zero_ignored_rows(grad_output.reshape(-1), (t, ignore_index))
-    want_h, want_w, want_b = (want_grad and m for m in output_mask)
-    want_b = want_b and bias is not None
+    want_h, want_w, want_b = _wanted_grads(want_grad, output_mask, bias)
     grad_hidden = hidden.new_empty((N, H) if want_h else (0,))
     # (the first chunk's product writes the weight's: zeros only for a batch of no rows)
     grad_weight = (hidden.new_empty if N else hidden.new_zeros)((V, H) if want_w else (0,), dtype=acc)
@@ -511,8 +516,7 @@ def compute_low_memory(kernels, hidden, weight, target, bias=None, class_weight=
                                grad_output, acc)
     if reduction == "none":
         loss = loss.view(target.shape)
-    want_h, want_w, want_b = (want_grad and m for m in output_mask)
-    want_b = want_b and bias is not None
+    want_h, want_w, want_b = _wanted_grads(want_grad, output_mask, bias)
     # (three tensors, not one returned thrice, where nothing is wanted: an op's outputs may not
     # alias each other)
     gh = hidden.new_zeros((N, H) if want_h else (0,), dtype=acc)
@@ -613,13 +617,13 @@ for _device in ("cpu", "cuda"):
 
 def _grads_like(hidden, weight, bias, wanted, low_memory, output_mask):
     acc = acc_dtype(hidden.dtype)
-    want_h, want_w, want_b = (wanted and m for m in output_mask)
+    want_h, want_w, want_b = _wanted_grads(wanted, output_mask, bias)
     gh = hidden.new_empty(hidden.shape if want_h else (0,))
     if not want_w:
         gw = hidden.new_empty((0,), dtype=acc)
     else:
         gw = weight.new_empty(weight.shape) if low_memory else hidden.new_empty(weight.shape, dtype=acc)
-    gb = hidden.new_empty((weight.shape[0],) if want_b and bias is not None else (0,), dtype=acc)
+    gb = hidden.new_empty((weight.shape[0],) if want_b else (0,), dtype=acc)
     return gh, gw, gb
 
 
@@ -637,7 +641,7 @@ def _forward_fake(hidden, weight, target, bias=None, class_weight=None, ignore_i
 @torch.library.register_fake("fusedops::linear_cross_entropy_backward")
 def _backward_fake(grad_output, hidden, weight, target, bias, class_weight, ignore_index, reduction, label_smoothing,
                    z_loss, softcap, chunk_rows, low_memory=False, chunk_classes=None,
-               output_mask=(True, True, True)):
+                   output_mask=(True, True, True)):
     check("linear_cross_entropy_backward", hidden, weight, target, bias, class_weight, ignore_index, reduction,
           label_smoothing, z_loss, softcap, chunk_rows, low_memory, chunk_classes)
     check_backward(grad_output, hidden, target, reduction)
