@@ -667,9 +667,13 @@ def _save(ctx, inputs, output, token, private):
     """`token`: the direct Function's graph_token (None on the registered route); `private`:
     whether no caller holds the gradient outputs, so that backward may scale them in place."""
     (hidden, weight, target, bias, class_weight, ignore_index, reduction, ls, z, cap, chunk_rows, low_memory,
-     chunk_classes, compute_grad, _output_mask) = inputs
+     chunk_classes, compute_grad, output_mask) = inputs
     _loss, gh, gw, gb, bad = output
-    ctx.recompute = reduction == "none" or not compute_grad
+    # (a direct torch.ops caller may leave out of output_mask a gradient autograd will ask for:
+    # the backward then computes it again)
+    needs = tuple(ctx.needs_input_grad) + (False,) * 4
+    computed = all(made or not needed for made, needed in zip(output_mask, (needs[0], needs[1], needs[3])))
+    ctx.recompute = reduction == "none" or not compute_grad or not computed
     ctx.options = (ignore_index, reduction, ls, z, cap, chunk_rows, low_memory, chunk_classes)
     ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
     ctx.has_bias = bias is not None
