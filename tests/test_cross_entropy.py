@@ -5,6 +5,7 @@ out-of-bounds read), torch's edge cases (every row ignored), the nn module as a 
 torch.compile without graph breaks. GPU-only behaviour (wide rows through the cluster kernels,
 peak memory) is marked gpu."""
 
+import functools
 import os
 
 import pytest
@@ -297,6 +298,60 @@ def test_inplace_grad_mode_refuses_saved_logits(device):
     loss = fusedops.cross_entropy(logits, t, inplace_grad=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         (loss + side).backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", ["public", "registered"])
+@pytest.mark.parametrize("saved", ["cross_entropy_", "every fusedops op"])
+def test_inplace_grad_mode_under_selective_checkpointing(device, route, saved):
+    """Selective activation checkpointing hands back a saved op's outputs on recompute without
+    running it: cross_entropy_ would then leave the recomputed logits, which the backward reads
+    as the gradient, unwritten. The gradients must be a float64 run's without checkpointing."""
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(16, 32, generator=g).to(device).requires_grad_()
+    w = torch.randn(40, 32, generator=g).to(device).requires_grad_()
+    t = torch.randint(0, 40, (16,), generator=g).to(device)
+
+    def policy(ctx, op, *args, **kwargs):
+        if saved == "cross_entropy_":
+            keep = op is torch.ops.fusedops.cross_entropy_.default
+        else:
+            keep = getattr(op, "namespace", None) == "fusedops"
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def loss_of(h, w):
+        if route == "public":
+            return fusedops.cross_entropy(h @ w.T, t, inplace_grad=True, label_smoothing=0.1)
+        return torch.ops.fusedops.cross_entropy_(h @ w.T, t, None, -100, "mean", 0.1, 0.0, None)[0]
+
+    contexts = functools.partial(create_selective_checkpoint_contexts, policy)
+    loss = checkpoint(loss_of, h, w, use_reentrant=False, context_fn=contexts)
+    gh, gw = torch.autograd.grad(loss, (h, w))
+    h64, w64 = (v.detach().double().requires_grad_() for v in (h, w))
+    ref = reference(h64 @ w64.T, t, label_smoothing=0.1)
+    torch.testing.assert_close(loss.double(), ref, atol=1e-5, rtol=1e-5)
+    for got, want in zip((gh, gw), torch.autograd.grad(ref, (h64, w64))):
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4)
+
+
+def test_inplace_ops_refuse_inference_tensors():
+    """As torch's in-place ops: an inference tensor is written only inside inference_mode."""
+    with torch.inference_mode():
+        logits, grad_logits = torch.randn(6, 10), torch.randn(6, 10)
+    t = torch.randint(0, 10, (6,))
+    kept = logits.clone(), grad_logits.clone()
+    with pytest.raises(RuntimeError, match=r"^fusedops.cross_entropy_: logits is an inference tensor, which cannot"):
+        torch.ops.fusedops.cross_entropy_(logits, t, None, -100, "mean", 0.0, 0.0, None)
+    with pytest.raises(RuntimeError, match=r"^fusedops.cross_entropy_backward_: grad_logits is an inference tensor"):
+        torch.ops.fusedops.cross_entropy_backward_(torch.tensor(2.0), grad_logits)
+    assert torch.equal(logits, kept[0]) and torch.equal(grad_logits, kept[1])
+    with torch.inference_mode():
+        torch.ops.fusedops.cross_entropy_(logits, t, None, -100, "mean", 0.0, 0.0, None)
+        torch.ops.fusedops.cross_entropy_backward_(torch.tensor(2.0), grad_logits)
+    torch.testing.assert_close(logits, torch.func.grad(lambda x: F.cross_entropy(x, t))(kept[0]))
+    torch.testing.assert_close(grad_logits, 2 * kept[1])
 
 
 @pytest.mark.parametrize("device", DEVICES)

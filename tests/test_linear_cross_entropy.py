@@ -452,6 +452,43 @@ def test_forward_outputs_alias_nothing(mode, compute_grad):
     torch.library.opcheck(torch.ops.fusedops.linear_cross_entropy.default, args, kwargs)
 
 
+@pytest.mark.parametrize("frozen", ["nothing", "weight"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("mode", MODES)
+def test_flop_counter_sees_the_products(mode, reduction, frozen):
+    """torch's FlopCounterMode cannot see the products inside the composite kernels; the ops'
+    FLOP formulas count the ones each call makes: for "mean" in chunks of rows, as many as torch's
+    own logits-then-cross_entropy program (three, two with a frozen weight); the recomputing
+    backward of "none" and the low-memory mode's second pass over the logits one more each."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    N, H, V = 12, 16, 24
+    h, w, _b, t = _inputs(N, H, V, "cpu", dtype=torch.float32, bias=False)
+    w.requires_grad_(frozen != "weight")
+    products = 3 if frozen == "nothing" else 2
+    extra = (reduction == "none") + ("low_memory" in mode)
+    counted = []
+    for loss_of in (lambda: torch.nn.functional.cross_entropy(h @ w.T, t, reduction=reduction),
+                    lambda: fusedops.linear_cross_entropy(h, w, t, reduction=reduction, **mode)):
+        with FlopCounterMode(display=False) as counter:
+            loss = loss_of()
+            loss.backward(torch.ones_like(loss))
+        counted.append(counter.get_total_flops())
+    assert counted[0] == 2 * N * H * V * products
+    assert counted[1] == 2 * N * H * V * (products + extra)
+
+
+def test_jit_trace_is_refused_by_name():
+    """torch.jit.trace records no list of bools, which the op's output_mask is: a clear refusal
+    instead of the tracer's error naming neither the op nor the argument."""
+    h, w, _b, t = _inputs(4, 8, 6, "cpu", dtype=torch.float32, bias=False)
+    message = r"^fusedops.linear_cross_entropy cannot be recorded by torch.jit.trace.*use torch.export"
+    with pytest.raises(NotImplementedError, match=message):
+        torch.jit.trace(lambda h, w: fusedops.linear_cross_entropy(h, w, t), (h, w))
+    with pytest.raises(NotImplementedError, match=message):
+        torch.jit.trace(fusedops.nn.LinearCrossEntropyLoss(8, 6, bias=False), (h, t))
+
+
 def test_class_weight_grad_refused():
     h, w, b, t = _inputs(4, 3, 7, "cpu")
     cw = torch.ones(7, dtype=torch.float64, requires_grad=True)

@@ -181,6 +181,28 @@ def test_add_rms_norm_inplace_refuses_gradients(device):
         fusedops.add_rms_norm_(x, residual)
 
 
+@pytest.mark.parametrize("route", ["public", "registered"])
+def test_add_rms_norm_residual_out_needs_no_grad_from_the_weight(route):
+    """residual_out = x + residual does not depend on the weight: with only the weight trainable
+    it needs no gradient (as torch's own x + residual), and a backward from it alone raises as
+    torch's would; out still carries the weight's gradient."""
+    x, residual = torch.randn(4, 32), torch.randn(4, 32)
+    w = torch.randn(32, requires_grad=True)
+    if route == "public":
+        out, residual_out = fusedops.add_rms_norm(x, residual, w)
+    else:
+        out, residual_out, _rstd = torch.ops.fusedops.add_rms_norm(x, residual, w, 1e-6)
+    assert out.requires_grad and not residual_out.requires_grad
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        residual_out.sum().backward()
+    (grad_w,) = torch.autograd.grad(out, w, torch.ones_like(out))
+    r64 = (x + residual).double()
+    expected = (r64 * torch.rsqrt(r64.pow(2).mean(-1, keepdim=True) + 1e-6)).sum(0)
+    torch.testing.assert_close(grad_w.double(), expected, atol=1e-5, rtol=1e-5)
+    x.requires_grad_()
+    assert fusedops.add_rms_norm(x, residual, w)[1].requires_grad
+
+
 def test_add_rms_norm_inplace_refuses_inference_tensors():
     """As torch's in-place ops: an inference tensor is written only inside inference_mode."""
     x = torch.randn(4, 32)

@@ -236,6 +236,28 @@ def test_inplace_refuses_grad():
         fusedops.rope_(q, k, c, s)
 
 
+@pytest.mark.parametrize("route", ["public", "registered"])
+def test_output_of_an_input_needing_no_grad_needs_none(route):
+    """q_out depends on q alone and k_out on k alone: with only q trainable, k_out needs no
+    gradient (a backward from it raises as torch's would), and the reverse."""
+    c, s = torch.randn(1, 3, 8), torch.randn(1, 3, 8)
+    for trainable in ("q", "k"):
+        q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
+        (q if trainable == "q" else k).requires_grad_()
+        rope = fusedops.rope if route == "public" else torch.ops.fusedops.rope
+        q_out, k_out = rope(q, k, c, s)[:2]
+        assert (q_out.requires_grad, k_out.requires_grad) == (trainable == "q", trainable == "k")
+        frozen_out = k_out if trainable == "q" else q_out
+        with pytest.raises(RuntimeError, match="does not require grad"):
+            frozen_out.sum().backward()
+        trained, trained_out = (q, q_out) if trainable == "q" else (k, k_out)
+        dy = torch.randn_like(trained_out)
+        (grad,) = torch.autograd.grad(trained_out, trained, dy)
+        ref = trained.detach().double().requires_grad_()
+        ref_out = reference(ref, ref, c.double(), s.double())[0]
+        torch.testing.assert_close(grad.double(), torch.autograd.grad(ref_out, ref, dy.double())[0], atol=1e-5, rtol=1e-5)
+
+
 def test_inplace_refuses_inference_tensors():
     """As torch's in-place ops: an inference tensor is written only inside inference_mode."""
     q = torch.randn(1, 2, 3, 8)

@@ -695,6 +695,11 @@ def linear_cross_entropy(
     try:
         owner = "fusedops.linear_cross_entropy"
         compiling = torch.compiler.is_compiling()
+        if torch.jit.is_tracing():
+            raise NotImplementedError(
+                "fusedops.linear_cross_entropy cannot be recorded by torch.jit.trace, whose tracer takes no "
+                "list of bools (the op's output_mask); use torch.export or torch.compile"
+            )
         if not _is_a(bool, low_memory):
             raise TypeError(f"fusedops.linear_cross_entropy: low_memory must be a bool, got {type(low_memory).__name__}")
         gpu_check = _cross_entropy.gpu_target_check("linear_cross_entropy", check_target, hidden, compiling)

@@ -31,6 +31,14 @@ _any_autocast = torch._C._is_any_autocast_enabled
 _functorch_active = torch._C._are_functorch_transforms_active
 _is_compiling = torch.compiler.is_compiling
 _inference_mode_enabled = torch.is_inference_mode_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
+def dispatch_mode_active() -> bool:
+    """Whether a TorchDispatchMode (selective activation checkpointing, FlopCounterMode, a
+    tracer) sees the ops this thread calls now."""
+    return _dispatch_modes() > 0
+
 # Function.apply without its Python prologue (argument binding for setup_context-style
 # Functions, functorch dispatch, unwrap_if_dead on every argument): the C++ entry point.
 _base_apply = torch._C._FunctionBase.__dict__["apply"]

@@ -79,6 +79,10 @@ def _backward_fake(grad_output, grad_residual_out, residual_out, weight, rstd, o
 
 
 def _save(ctx, weight, residual_out, rstd, offset):
+    if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+        # x + residual does not depend on the weight: a trainable weight alone must not make the
+        # residual stream look differentiable (an add_rms_norm_ on it would then be refused)
+        ctx.mark_non_differentiable(residual_out)
     ctx.save_for_backward(residual_out, weight, rstd)
     ctx.offset = offset
     # An unused output's gradient stays None rather than a tensor of zeros the kernel would read.

@@ -542,9 +542,20 @@ class _InplaceFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap):
         with _direct.BelowAutograd():
-            loss, lse, bad = _forward_inplace_entry(
-                logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
-            )
+            if _direct.dispatch_mode_active():
+                # A TorchDispatchMode may answer an op without running it: selective activation
+                # checkpointing hands back the saved outputs of cross_entropy_ on recompute, and
+                # the logits would never receive the gradient the backward reads from them. The
+                # out-of-place op and a copy_ write them whatever the mode does with either.
+                loss, lse, grad, bad = _forward_entry(
+                    logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, True
+                )
+                logits.copy_(grad)
+                del grad
+            else:
+                loss, lse, bad = _forward_inplace_entry(
+                    logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
+                )
         torch.autograd.graph.increment_version(logits)
         token = graph_token(loss)
         ctx.save_for_backward(logits, token, *_per_row_target(ctx, target, ignore_index, reduction))
@@ -606,6 +617,7 @@ def _inplace_autograd(logits, target, weight=None, ignore_index=-100, reduction=
             logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
         )
         return loss, lse, bad
+    _direct.refuse_inference_tensor_update("cross_entropy_", logits=logits)
     with _direct.BelowAutograd():
         out = forward_(logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
     torch.autograd.graph.increment_version(logits)
@@ -614,6 +626,7 @@ def _inplace_autograd(logits, target, weight=None, ignore_index=-100, reduction=
 
 def _backward_inplace_autograd(grad_output, grad_logits):
     # A backward building block with no gradient of its own; the mutation is recorded.
+    _direct.refuse_inference_tensor_update("cross_entropy_backward_", grad_logits=grad_logits)
     with _direct.BelowAutograd():
         backward_(grad_output, grad_logits)
     torch.autograd.graph.increment_version(grad_logits)

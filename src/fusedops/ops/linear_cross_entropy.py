@@ -69,7 +69,10 @@ parameter gets its gradient in float32 straight from the float32 accumulator, ne
 bfloat16 on the way. The loss is float32.
 """
 
+import math
+
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
 from . import _deferred, _direct
 from . import cross_entropy as _ce
@@ -739,6 +742,34 @@ def _backward(ctx, grad_loss, *_unused):
 
 torch.library.register_autograd("fusedops::linear_cross_entropy", _backward, setup_context=_setup_context)
 _direct.register_no_double_backward("fusedops::linear_cross_entropy_backward", "fusedops.linear_cross_entropy")
+
+
+# ---- FLOP counting ---------------------------------------------------------------------------
+# The products run inside the ops' composite kernels, out of sight of torch's FlopCounterMode,
+# which would count the lm_head as nothing: these formulas give it the products each call makes.
+
+
+def _product_flops(hidden, weight, bias, low_memory, want_grad, output_mask):
+    """2 N H V for each (N, H) x (H, V) product the chunk loops make (hidden, weight: shapes)."""
+    want_h, want_w, want_b = _wanted_grads(want_grad, output_mask, bias)
+    products = 1 + want_h + want_w
+    if low_memory and (want_h or want_w or want_b):
+        products += 1  # (the logits made again, slice by slice, once every row's lse is known)
+    return 2 * math.prod(hidden[:-1]) * hidden[-1] * weight[0] * products
+
+
+@register_flop_formula(torch.ops.fusedops.linear_cross_entropy)
+def _forward_flops(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
+                   label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, low_memory=False,
+                   chunk_classes=None, compute_grad=False, output_mask=(True, True, True), **_out):
+    return _product_flops(hidden, weight, bias, low_memory, compute_grad, output_mask)
+
+
+@register_flop_formula(torch.ops.fusedops.linear_cross_entropy_backward)
+def _backward_flops(grad_output, hidden, weight, target, bias, class_weight, ignore_index, reduction,
+                    label_smoothing, z_loss, softcap, chunk_rows, low_memory=False, chunk_classes=None,
+                    output_mask=(True, True, True), **_out):
+    return _product_flops(hidden, weight, bias, low_memory, True, output_mask)
 
 # The op's pybind entry point: what OpOverload.__call__ forwards to, one Python frame less.
 _forward_entry = forward._op

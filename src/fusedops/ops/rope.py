@@ -259,7 +259,10 @@ def _refuse_table_grads(cos, sin, grad_mode=True):
         )
 
 
-def _save(ctx, cos, sin, position_ids, interleaved):
+def _save(ctx, cos, sin, position_ids, interleaved, outputs):
+    # (each output depends on its own input only: k_out of a k needing no gradient needs none)
+    constant = [out for out, need in zip(outputs[:2], ctx.needs_input_grad) if not need]
+    ctx.mark_non_differentiable(outputs[2], *constant)
     ctx.save_for_backward(cos, sin, position_ids)
     ctx.interleaved = interleaved
     # An unused output's gradient stays None rather than zeros the kernel would read.
@@ -268,8 +271,7 @@ def _save(ctx, cos, sin, position_ids, interleaved):
 
 def _setup_context(ctx, inputs, output):
     _q, _k, cos, sin, position_ids, interleaved = _full_args(inputs)
-    ctx.mark_non_differentiable(output[2])
-    _save(ctx, cos, sin, position_ids, interleaved)
+    _save(ctx, cos, sin, position_ids, interleaved, output)
 
 
 def _full_args(inputs):
@@ -348,8 +350,7 @@ class _Function(torch.autograd.Function):
     def forward(ctx, q, k, cos, sin, position_ids, interleaved):
         with _direct.BelowAutograd():
             out = _forward_entry(q, k, cos, sin, position_ids, interleaved)
-        ctx.mark_non_differentiable(out[2])
-        _save(ctx, cos, sin, position_ids, interleaved)
+        _save(ctx, cos, sin, position_ids, interleaved, out)
         return out
 
     @staticmethod
