@@ -442,13 +442,14 @@ def _device_and_op(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("offset", [1e4, 1e7])
+@pytest.mark.parametrize("offset", [1e4, 1e7, 1e30])
 def test_large_logits_keep_their_precision(impl, offset):
     """Logits far from zero (every row shifted by `offset`, which cancels in the softmax) give
     the loss and gradient of the unshifted problem to float32's precision, as torch's do: each
     difference is taken from the row's maximum, never from lse once rounded (where float32's
     spacing, 8 at 1e8, swallows log V), and label smoothing's sum of the logits is kept relative
-    to the maximum too (with and without class weights: two GPU kernel variants). Widths reach
+    to the maximum or the target's logit too (with and without class weights: two GPU kernel
+    variants; at 1e30 a sum of the logits themselves loses the smoothing term). Widths reach
     every GPU path: one block, a cluster or split blocks (with and without a gradient), the
     sweep."""
     interpreted = impl == "triton-interpreter"

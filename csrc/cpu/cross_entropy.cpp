@@ -12,9 +12,11 @@
 // the thread count.
 //
 // Nothing is subtracted from lse = max + log(sum) once rounded: lse - x_t is taken as log(sum) -
-// (x_t - max) and p_j as exp((x_j - max) - log(sum)), and the smoothing term's sum of w_j x_j
-// is kept in float64, so that logits of large magnitude keep their precision, as torch's do (with
-// lse rounded first, rows of values near 1e8 lost the loss entirely: float32's spacing there is 8).
+// (x_t - max) and p_j as exp((x_j - max) - log(sum)), and the smoothing term's sum is kept in
+// float64 as sum w_j (x_j - x_t), relative to the target's logit as the Triton kernel keeps it, so
+// that logits of large magnitude keep their precision, as torch's do (with lse rounded first, rows
+// of values near 1e8 lost the loss entirely: float32's spacing there is 8; with sum w_j x_j
+// itself, rows near 1e30 lost the smoothing term).
 #include <torch/csrc/stable/library.h>
 
 #include <algorithm>
@@ -72,14 +74,14 @@ FUSEDOPS_CPU_INLINE A value(T v, A cap) {
   }
 }
 
-// Row statistics: the maximum, sum exp(x - max) and (with smoothing) sum w_j x_j. The row is
+// Row statistics: the maximum, sum exp(x - max) and (with smoothing) sum w_j (x_j - anchor). The row is
 // read once, by chunks that go through an L1-resident float buffer (converted and soft-capped
 // once): the chunk's maximum first, the running sum rescaled when it grows, then the exps.
 constexpr int64_t kChunk = 2048;
 
 template <bool kSoftcap, bool kWeighted, bool kSmooth, typename T, typename W>
-FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, acc_t<T>& m_out, acc_t<T>& s_out,
-                                         double& wx_out) {
+FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, double anchor, acc_t<T>& m_out,
+                                         acc_t<T>& s_out, double& wx_out) {
   using A = acc_t<T>;
   const int64_t V = a.V;
   constexpr A kNegInf = -std::numeric_limits<A>::infinity();
@@ -112,9 +114,9 @@ FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, acc_t<
 #pragma omp simd reduction(+ : cwx)
       for (int64_t j = 0; j < n; ++j) {
         if constexpr (kWeighted) {
-          cwx += double(to_acc(a.weight[c0 + j])) * double(buf[j]);
+          cwx += double(to_acc(a.weight[c0 + j])) * (double(buf[j]) - anchor);
         } else {
-          cwx += double(buf[j]);
+          cwx += double(buf[j]) - anchor;
         }
       }
     }
@@ -193,8 +195,8 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
   a.softcap = A(p.softcap);
   a.eps = A(p.label_smoothing);
   a.z = A(p.z_loss);
-  // (in float64: the smoothing term multiplies it by the row's maximum, then takes the sum of
-  // w_j x_j away; both must carry the same weights to cancel)
+  // (in float64: the smoothing term multiplies it by the row's maximum less the target's logit,
+  // then takes the sum of w_j (x_j - x_t) away; both must carry the same weights to cancel)
   double W_sum_d = double(p.V);
   if (a.weight != nullptr) {
     W_sum_d = 0;
@@ -233,25 +235,31 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
         continue;
       }
       const T* x = a.x + a.rows.offset(i);
+      const A xt = value<false>(x[t], a.softcap);
+      const A xt_c = softcap ? softcapped(xt, a.softcap) : xt;
+      // (an infinite or NaN target logit: 0, where x_j - x_t would turn an infinite loss into
+      // inf - inf)
+      const double anchor = std::isfinite(xt_c) ? double(xt_c) : 0.0;
       A m, s;
       double wx;
       if (!smooth) {
-        softcap ? row_stats<true, false, false>(a, x, m, s, wx) : row_stats<false, false, false>(a, x, m, s, wx);
+        softcap ? row_stats<true, false, false>(a, x, anchor, m, s, wx)
+                : row_stats<false, false, false>(a, x, anchor, m, s, wx);
       } else if (softcap) {
-        weighted ? row_stats<true, true, true>(a, x, m, s, wx) : row_stats<true, false, true>(a, x, m, s, wx);
+        weighted ? row_stats<true, true, true>(a, x, anchor, m, s, wx)
+                 : row_stats<true, false, true>(a, x, anchor, m, s, wx);
       } else {
-        weighted ? row_stats<false, true, true>(a, x, m, s, wx) : row_stats<false, false, true>(a, x, m, s, wx);
+        weighted ? row_stats<false, true, true>(a, x, anchor, m, s, wx)
+                 : row_stats<false, false, true>(a, x, anchor, m, s, wx);
       }
       const A ls = std::log(s);
       const A lse = m + ls;
-      const A xt = value<false>(x[t], a.softcap);
-      const A xt_c = softcap ? softcapped(xt, a.softcap) : xt;
       const A wt = weighted ? A(to_acc(a.weight[t])) : A(1);
       const A inv_v = A(1) / A(p.V);
       // lse - x_t and W lse - sum w_j x_j, each taken without rounding lse first (see the
       // header); the smoothing term only when smoothing (with -inf logits it is 0 * inf).
       A ce = (A(1) - a.eps) * wt * (ls - (xt_c - m));
-      if (a.eps > A(0)) ce += a.eps * inv_v * A(W_sum_d * (double(m) + double(ls)) - wx);
+      if (a.eps > A(0)) ce += a.eps * inv_v * A(W_sum_d * ((double(m) - anchor) + double(ls)) - wx);
       const A zl = a.z * lse * lse;
       lse_out[i] = lse;
       loss_rows[i] = p.reduction == Reduction::kMean ? ce * a.sw + zl * a.sn : ce + zl;
@@ -348,7 +356,7 @@ void slice_typed(const SliceProblem& s, bool grad) {
         if (!grad) {
           A m, sum;
           double wx;
-          row_stats<kCap, kW, kS>(a, x, m, sum, wx);
+          row_stats<kCap, kW, kS>(a, x, 0.0, m, sum, wx);  // (the state sums w_j x_j itself)
           // (a NaN is carried by the sums, as row_stats does: never dropped for a -inf maximum)
           if (m > r[0]) {
             r[1] = r[1] * exp_acc(r[0] - m) + sum;
