@@ -148,6 +148,39 @@ def test_modules_run_on_meta(ours, args):
         assert module(x).shape == x.shape and module(x).device.type == "meta"
 
 
+@pytest.mark.parametrize("ours, args, options, inputs", [
+    (fusedops.nn.RMSNorm, ((4, 8),), {}, lambda: (torch.randn(3, 4, 8),)),
+    (fusedops.nn.RMSNorm, (32,), {"eps": None, "offset": 1.0}, lambda: (torch.randn(3, 32),)),
+    (fusedops.nn.LayerNorm, (32,), {}, lambda: (torch.randn(3, 32),)),
+    (fusedops.nn.AddRMSNorm, (32,), {}, lambda: (torch.randn(3, 32), torch.randn(3, 32))),
+    (fusedops.nn.AddRMSNorm, (32,), {"eps": None, "inplace": True}, lambda: (torch.randn(3, 32), torch.randn(3, 32))),
+    (fusedops.nn.SwiGLUMLP, (32, 48), {}, lambda: (torch.randn(3, 32),)),
+    (fusedops.nn.CrossEntropyLoss, (), {"label_smoothing": 0.1}, lambda: (torch.randn(6, 10), torch.randint(0, 10, (6,)))),
+    (fusedops.nn.LinearCrossEntropyLoss, (32, 10), {}, lambda: (torch.randn(6, 32), torch.randint(0, 10, (6,)))),
+], ids=lambda v: getattr(v, "__name__", None) if isinstance(v, type) else "")
+def test_modules_trace_with_torch_fx(ours, args, options, inputs):
+    """torch.fx.symbolic_trace (what FX quantization and Hugging Face's fx tracer run) records
+    each module as a call of its forward's function, which makes the module's checks when the
+    graph runs; the graph gives the module's result, bit for bit (the in-place form's update of
+    residual too)."""
+    module = ours(*args, **options)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_()  # (not the initial ones)
+    graph_module = torch.fx.symbolic_trace(module)
+    assert any(n.op == "call_function" for n in graph_module.graph.nodes)
+    torch.manual_seed(0)
+    given = inputs()
+    into_graph, into_module = [t.clone() for t in given], [t.clone() for t in given]
+    got, expected = graph_module(*into_graph), module(*into_module)
+    assert all(torch.equal(a, b) for a, b in zip(into_graph, into_module))
+    for g, e in zip(got if isinstance(got, tuple) else (got,), expected if isinstance(expected, tuple) else (expected,)):
+        assert torch.equal(g, e)
+    if isinstance(module, (fusedops.nn.RMSNorm, fusedops.nn.LayerNorm)):
+        with pytest.raises(ValueError, match=r"input's trailing shape \[.*\] does not match normalized_shape"):
+            graph_module(torch.randn(3, 5))
+
+
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
 def test_rms_norm_default_eps(dtype, device):

@@ -217,6 +217,32 @@ def test_public_function_names_a_mistyped_option(info):
                 function(*args, **{name: "False"})
 
 
+@pytest.mark.parametrize("info", OPS)
+def test_torch_fx_records_the_public_function(info):
+    """torch.fx's symbolic tracing (quantization, Hugging Face's fx tracer, pipeline splitting)
+    passes Proxies for tensors: the public functions (and their in-place forms) hand the call to
+    them, as torch.nn.functional's do, and the graph gives the eager result, bit for bit."""
+    for call in (info.public, *(variant.call for variant in info.public_variants)):
+        sample = next(iter(info.samples("cpu", torch.float32, requires_grad=False)))
+        graph = torch.fx.Graph()
+        tracer = torch.fx.proxy.GraphAppendingTracer(graph)
+        traced = [torch.fx.Proxy(graph.placeholder(f"arg{i}"), tracer) if isinstance(a, torch.Tensor) else a
+                  for i, a in enumerate(sample.args)]
+        result = call(*traced)
+        graph.output(torch.fx.node.map_aggregate(result, lambda v: v.node if isinstance(v, torch.fx.Proxy) else v))
+        module = torch.fx.GraphModule(torch.nn.Module(), graph)
+        assert [n.op for n in graph.nodes].count("call_function") >= 1
+        tensors = [a.clone() for a in sample.args if isinstance(a, torch.Tensor)]
+        got = outputs_of(module(*tensors))
+        expected = outputs_of(call(*sample.args))
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            assert torch.equal(g, e), info.name
+        # (an in-place form updated the graph's inputs as the eager call updated the sample's)
+        for t, a in zip(tensors, (a for a in sample.args if isinstance(a, torch.Tensor))):
+            assert torch.equal(t, a), info.name
+
+
 def test_a_failed_call_blames_only_what_the_schema_refuses():
     """What the schema takes (a 0-d tensor for a float, numpy's bool for a bool) is not named as
     mistyped when a call fails for another reason: the real error comes through."""

@@ -22,6 +22,11 @@ from .ops import swiglu as _swiglu
 from .ops import swiglu_packed as _swiglu_packed
 from .ops._direct import direct_call_allowed
 
+# As torch.nn.functional's: an argument that overrides torch functions (a torch.fx Proxy, a tensor
+# subclass with __torch_function__) gets the call itself, which the fast paths below cannot take.
+_has_torch_function = torch._C._has_torch_function_variadic
+_handle_torch_function = torch.overrides.handle_torch_function
+
 
 def _autocast_enabled(device_type: str) -> bool:
     """torch.is_autocast_enabled for any device type: False where autocast has none (torch
@@ -139,6 +144,8 @@ def rms_norm(
         A contiguous tensor of input's shape and dtype. The math is float32 (float64 for
         float64 input) whatever the storage dtype.
     """
+    if _has_torch_function(input, weight):
+        return _handle_torch_function(rms_norm, (input, weight), **locals())
     try:
         if direct_call_allowed(input, weight):
             return _rms_norm.direct(input, weight, eps, offset, cast_before_weight, save_output)
@@ -172,6 +179,8 @@ def add_rms_norm(
         residual's dtype, which output normalises) in residual's dtype. Both are contiguous.
         Gradients flow to input, residual and weight through both.
     """
+    if _has_torch_function(input, residual, weight):
+        return _handle_torch_function(add_rms_norm, (input, residual, weight), **locals())
     try:
         if direct_call_allowed(input, residual, weight):
             return _add_rms_norm.direct(input, residual, weight, eps, offset, cast_before_weight)
@@ -214,6 +223,8 @@ def add_rms_norm_(
 ) -> Tensor:
     """:func:`add_rms_norm` for inference: adds ``input`` into ``residual`` in place and returns
     the normalised sum. No gradient: it raises if a tensor requires grad with grad mode on."""
+    if _has_torch_function(input, residual, weight):
+        return _handle_torch_function(add_rms_norm_, (input, residual, weight), **locals())
     try:
         if direct_call_allowed(input, residual, weight):
             return _add_rms_norm.direct_inplace(input, residual, weight, eps, offset, cast_before_weight)
@@ -248,6 +259,8 @@ def layer_norm(
         A contiguous tensor of input's shape and dtype. The math is float32 (float64 for
         float64 input) whatever the storage dtype.
     """
+    if _has_torch_function(input, weight, bias):
+        return _handle_torch_function(layer_norm, (input, weight, bias), **locals())
     try:
         if direct_call_allowed(input, weight, bias):
             return _layer_norm.direct(input, weight, bias, eps)
@@ -272,6 +285,8 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
         A contiguous tensor of gate's shape and dtype. The math is float32 (float64 for float64
         input); backward recomputes silu from gate (autograd keeps gate and up, nothing else).
     """
+    if _has_torch_function(gate, up):
+        return _handle_torch_function(swiglu, (gate, up), **locals())
     try:
         if direct_call_allowed(gate, up):
             return _swiglu.direct(gate, up)
@@ -297,6 +312,8 @@ def geglu(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
     Returns:
         A contiguous tensor of gate's shape and dtype, computed in float32.
     """
+    if _has_torch_function(gate, up):
+        return _handle_torch_function(geglu, (gate, up), **locals())
     try:
         if direct_call_allowed(gate, up):
             return _geglu.direct(gate, up, approximate)
@@ -311,6 +328,8 @@ def swiglu_packed(gate_up: Tensor) -> Tensor:
     ``[gate | up]`` (a fused gate-up projection's output, as in Phi-3 or vLLM), the result has
     shape ``(..., n)``. Its backward writes one ``(..., 2n)`` gradient, which the fused
     projection's backward takes as it is (no concatenation of two gradients)."""
+    if _has_torch_function(gate_up):
+        return _handle_torch_function(swiglu_packed, (gate_up,), **locals())
     try:
         if direct_call_allowed(gate_up):
             return _swiglu_packed.direct(gate_up)
@@ -323,6 +342,8 @@ def swiglu_packed(gate_up: Tensor) -> Tensor:
 def geglu_packed(gate_up: Tensor, approximate: str = "none") -> Tensor:
     """:func:`geglu` of the two halves of ``gate_up`` ``(..., 2n)`` = ``[gate | up]``; see
     :func:`swiglu_packed`."""
+    if _has_torch_function(gate_up):
+        return _handle_torch_function(geglu_packed, (gate_up,), **locals())
     try:
         if direct_call_allowed(gate_up):
             return _geglu_packed.direct(gate_up, approximate)
@@ -472,6 +493,8 @@ def rope(
         float32 (float64 for float64 input). Differentiable in q and k (any order); gradients
         with respect to cos and sin are not supported (a clear error if they require grad).
     """
+    if _has_torch_function(q, k, cos, sin, position_ids):
+        return _handle_torch_function(rope, (q, k, cos, sin, position_ids), **locals())
     try:
         q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope", q, k, cos, sin, layout, position_ids)
         gpu_check = _rope_position_check("rope", q4, pos, check_positions)
@@ -503,6 +526,8 @@ def rope_(
     on. q and k must not have rows that share memory (an expanded tensor), nor share memory with
     each other (the same tensor twice, or overlapping views; views of one fused QKV output are
     fine)."""
+    if _has_torch_function(q, k, cos, sin, position_ids):
+        return _handle_torch_function(rope_, (q, k, cos, sin, position_ids), **locals())
     try:
         q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope_", q, k, cos, sin, layout, position_ids)
         gpu_check = _rope_position_check("rope_", q4, pos, check_positions)
@@ -589,6 +614,8 @@ def cross_entropy(
         The loss: 0-d for ``"mean"``/``"sum"``, target's shape for ``"none"``; in the logits'
         dtype (float32 under autocast, as torch). Math in float32 (float64 for float64 logits).
     """
+    if _has_torch_function(logits, target, weight):
+        return _handle_torch_function(cross_entropy, (logits, target, weight), **locals())
     try:
         compiling = torch.compiler.is_compiling()
         gpu_check = _cross_entropy.gpu_target_check("cross_entropy", check_target, logits, compiling)
@@ -692,6 +719,8 @@ def linear_cross_entropy(
         them) and scaled in the backward; with ``"none"`` the backward recomputes the logits
         chunk by chunk.
     """
+    if _has_torch_function(hidden, weight, target, bias, class_weight):
+        return _handle_torch_function(linear_cross_entropy, (hidden, weight, target, bias, class_weight), **locals())
     try:
         owner = "fusedops.linear_cross_entropy"
         compiling = torch.compiler.is_compiling()

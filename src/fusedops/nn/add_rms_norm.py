@@ -5,9 +5,29 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..functional import _flag, _real_number, add_rms_norm, add_rms_norm_
+from ..functional import _flag, _handle_torch_function, _has_torch_function, _real_number
+from ..functional import add_rms_norm, add_rms_norm_
 from ._normalized_shape import require_tensor
 from .rms_norm import _default_eps
+
+
+def _forward(input, residual, weight, hidden_size, eps, offset, cast_before_weight, inplace):
+    """AddRMSNorm.forward as a function of the module's state: what a torch.fx trace records, as
+    one call that makes the module's checks when the graph runs."""
+    if _has_torch_function(input, residual, weight):
+        return _handle_torch_function(_forward, (input, residual, weight), **locals())
+    require_tensor("AddRMSNorm", "input", input)
+    require_tensor("AddRMSNorm", "residual", residual)
+    if input.shape[-1:] != (hidden_size,):
+        # (the op would blame the weight, which is the module's and right)
+        raise ValueError(
+            f"AddRMSNorm: input's trailing shape {list(input.shape[-1:])} does not match hidden_size {hidden_size}"
+        )
+    eps = _default_eps(input.dtype) if eps is None else eps
+    args = (input, residual, weight, eps, offset, cast_before_weight)
+    if inplace and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:3])):
+        return add_rms_norm_(*args), residual
+    return add_rms_norm(*args)
 
 
 class AddRMSNorm(torch.nn.Module):
@@ -58,22 +78,9 @@ class AddRMSNorm(torch.nn.Module):
             torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, input: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
-        require_tensor("AddRMSNorm", "input", input)
-        require_tensor("AddRMSNorm", "residual", residual)
-        if input.shape[-1:] != (self.hidden_size,):
-            # (the op would blame the weight, which is the module's and right)
-            raise ValueError(
-                f"AddRMSNorm: input's trailing shape {list(input.shape[-1:])} does not match hidden_size "
-                f"{self.hidden_size}"
-            )
-        eps = _default_eps(input.dtype) if self.eps is None else self.eps
-        args = (input, residual, self.weight, eps, self.offset, self.cast_before_weight)
-        if self.inplace and not (torch.is_grad_enabled() and self._wants_grad(input, residual)):
-            return add_rms_norm_(*args), residual
-        return add_rms_norm(*args)
-
-    def _wants_grad(self, *tensors: Optional[Tensor]) -> bool:
-        return any(t is not None and t.requires_grad for t in (*tensors, self.weight))
+        return _forward(
+            input, residual, self.weight, self.hidden_size, self.eps, self.offset, self.cast_before_weight, self.inplace
+        )
 
     def extra_repr(self) -> str:
         return (

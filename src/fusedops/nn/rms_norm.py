@@ -6,7 +6,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from ..functional import _flag, _real_number, rms_norm
+from ..functional import _flag, _handle_torch_function, _has_torch_function, _real_number, rms_norm
 from ._normalized_shape import apply_over_trailing, require_tensor
 
 
@@ -17,6 +17,17 @@ _FLOAT64_EPS = torch.finfo(torch.float64).eps
 def _default_eps(dtype: torch.dtype) -> float:
     # The epsilon of the computation type (float32 for the 16-bit types), as torch.nn.RMSNorm.
     return _FLOAT64_EPS if dtype == torch.float64 else _FLOAT32_EPS
+
+
+def _forward(input, weight, normalized_shape, eps, offset, cast_before_weight, save_output):
+    """RMSNorm.forward as a function of the module's state: what a torch.fx trace records, as
+    one call that makes the module's checks when the graph runs."""
+    if _has_torch_function(input, weight):
+        return _handle_torch_function(_forward, (input, weight), **locals())
+    require_tensor("RMSNorm", "input", input)
+    eps = _default_eps(input.dtype) if eps is None else eps
+    options = (offset, cast_before_weight, save_output)
+    return apply_over_trailing(rms_norm, "RMSNorm", input, normalized_shape, (weight,), eps, options)
 
 
 class RMSNorm(torch.nn.Module):
@@ -73,10 +84,9 @@ class RMSNorm(torch.nn.Module):
             torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, input: Tensor) -> Tensor:
-        require_tensor("RMSNorm", "input", input)
-        eps = _default_eps(input.dtype) if self.eps is None else self.eps
-        options = (self.offset, self.cast_before_weight, self.save_output)
-        return apply_over_trailing(rms_norm, "RMSNorm", input, self.normalized_shape, (self.weight,), eps, options)
+        return _forward(
+            input, self.weight, self.normalized_shape, self.eps, self.offset, self.cast_before_weight, self.save_output
+        )
 
     def extra_repr(self) -> str:
         extra = "".join(
