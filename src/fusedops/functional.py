@@ -525,7 +525,8 @@ def rope_(
     touched) and returns them. No gradient: it raises if a tensor requires grad with grad mode
     on. q and k must not have rows that share memory (an expanded tensor), nor share memory with
     each other (the same tensor twice, or overlapping views; views of one fused QKV output are
-    fine)."""
+    fine). As for torch's in-place ops, overlap is detected where both are dense: strided views
+    that partly overlap are not refused, and get rotated twice where they meet."""
     if _has_torch_function(q, k, cos, sin, position_ids):
         return _handle_torch_function(rope_, (q, k, cos, sin, position_ids), **locals())
     try:
