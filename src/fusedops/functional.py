@@ -20,7 +20,7 @@ from .ops import geglu as _geglu
 from .ops import geglu_packed as _geglu_packed
 from .ops import swiglu as _swiglu
 from .ops import swiglu_packed as _swiglu_packed
-from .ops._direct import direct_call_allowed
+from .ops._direct import direct_call_allowed, dispatch_mode_active
 
 # As torch.nn.functional's: an argument that overrides torch functions (a torch.fx Proxy, a tensor
 # subclass with __torch_function__) gets the call itself, which the fast paths below cannot take.
@@ -626,7 +626,12 @@ def cross_entropy(
                 _real_number(owner, "z_loss", z_loss), _real_number(owner, "softcap", softcap, optional=True))
         if not _is_a(bool, inplace_grad):  # (a truthy "False" must not overwrite the logits)
             raise TypeError(f"fusedops.cross_entropy: inplace_grad must be a bool, got {type(inplace_grad).__name__}")
-        in_place = inplace_grad and not compiling and torch.is_grad_enabled() and logits.requires_grad
+        # (not while a TorchDispatchMode sees the ops: it may answer cross_entropy_ without running
+        # it, as selective activation checkpointing does on recompute with a policy that saves it
+        # or the copy of its result, and the logits would never hold the gradient the backward
+        # reads from them)
+        in_place = (inplace_grad and not compiling and torch.is_grad_enabled() and logits.requires_grad
+                    and not dispatch_mode_active())
         # float16 "mean" with a gradient: the kernels fold the mean's denominator into the
         # gradient they keep in float16, where p_j / N falls below float16's normal range before
         # the backward's grad_output (a loss scaler's 2^16) could lift it. The per-row losses

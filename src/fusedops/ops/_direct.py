@@ -39,6 +39,7 @@ def dispatch_mode_active() -> bool:
     tracer) sees the ops this thread calls now."""
     return _dispatch_modes() > 0
 
+
 # Function.apply without its Python prologue (argument binding for setup_context-style
 # Functions, functorch dispatch, unwrap_if_dead on every argument): the C++ entry point.
 _base_apply = torch._C._FunctionBase.__dict__["apply"]

@@ -542,20 +542,9 @@ class _InplaceFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap):
         with _direct.BelowAutograd():
-            if _direct.dispatch_mode_active():
-                # A TorchDispatchMode may answer an op without running it: selective activation
-                # checkpointing hands back the saved outputs of cross_entropy_ on recompute, and
-                # the logits would never receive the gradient the backward reads from them. The
-                # out-of-place op and a copy_ write them whatever the mode does with either.
-                loss, lse, grad, bad = _forward_entry(
-                    logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, True
-                )
-                logits.copy_(grad)
-                del grad
-            else:
-                loss, lse, bad = _forward_inplace_entry(
-                    logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
-                )
+            loss, lse, bad = _forward_inplace_entry(
+                logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap
+            )
         torch.autograd.graph.increment_version(logits)
         token = graph_token(loss)
         ctx.save_for_backward(logits, token, *_per_row_target(ctx, target, ignore_index, reduction))
