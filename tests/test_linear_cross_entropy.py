@@ -5,6 +5,8 @@ retain_graph, torch.compile, autocast, bad targets, the low-memory mode's memory
 module."""
 
 import itertools
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -476,6 +478,22 @@ def test_flop_counter_sees_the_products(mode, reduction, frozen):
         counted.append(counter.get_total_flops())
     assert counted[0] == 2 * N * H * V * products
     assert counted[1] == 2 * N * H * V * (products + extra)
+
+
+def test_flop_formulas_wait_for_the_flop_counter_import():
+    """`import fusedops` does not import torch.utils.flop_counter (0.2 s: it imports triton); the
+    formulas are there once it is imported."""
+    code = (
+        "import sys, torch, fusedops\n"
+        "assert 'torch.utils.flop_counter' not in sys.modules\n"
+        "from torch.utils.flop_counter import FlopCounterMode\n"
+        "h, w, t = torch.randn(4, 8), torch.randn(6, 8), torch.zeros(4, dtype=torch.long)\n"
+        "with FlopCounterMode(display=False) as counter:\n"
+        "    fusedops.linear_cross_entropy(h, w, t)\n"
+        "assert counter.get_total_flops() == 2 * 4 * 8 * 6, counter.get_total_flops()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_jit_trace_is_refused_by_name():

@@ -243,6 +243,38 @@ def test_torch_fx_records_the_public_function(info):
             assert torch.equal(t, a), info.name
 
 
+def test_torch_fx_keeps_in_place_calls_nothing_reads():
+    """The in-place forms are marked as having side effects: dead-code elimination, which many
+    fx passes run, keeps a call whose result nothing reads (it updates its inputs)."""
+    def rotate(q, k, cos, sin):
+        fusedops.rope_(q, k, cos, sin)
+        return q, k
+
+    def add(input, residual):
+        fusedops.add_rms_norm_(input, residual)
+        return residual
+
+    class AddByModule(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = fusedops.nn.AddRMSNorm(8, inplace=True, elementwise_affine=False)
+
+        def forward(self, input, residual):
+            self.norm(input, residual)
+            return residual
+
+    rope_args = (torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8), torch.randn(1, 3, 8), torch.randn(1, 3, 8))
+    norm_args = (torch.randn(3, 8), torch.randn(3, 8))
+    for fn, args in ((rotate, rope_args), (add, norm_args), (AddByModule(), norm_args)):
+        graph_module = torch.fx.symbolic_trace(fn)
+        graph_module.graph.eliminate_dead_code()
+        graph_module.recompile()
+        got, expected = graph_module(*[a.clone() for a in args]), fn(*[a.clone() for a in args])
+        for g, e in zip(outputs_of(got), outputs_of(expected)):
+            assert torch.equal(g, e), fn
+        assert not torch.equal(outputs_of(got)[-1], args[1]), fn  # (it was updated)
+
+
 def test_a_failed_call_blames_only_what_the_schema_refuses():
     """What the schema takes (a 0-d tensor for a float, numpy's bool for a bool) is not named as
     mistyped when a call fails for another reason: the real error comes through."""

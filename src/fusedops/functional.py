@@ -145,7 +145,9 @@ def rms_norm(
         float64 input) whatever the storage dtype.
     """
     if _has_torch_function(input, weight):
-        return _handle_torch_function(rms_norm, (input, weight), **locals())
+        return _handle_torch_function(
+            rms_norm, (input, weight), input, weight, eps, offset, cast_before_weight, save_output
+        )
     try:
         if direct_call_allowed(input, weight):
             return _rms_norm.direct(input, weight, eps, offset, cast_before_weight, save_output)
@@ -180,7 +182,9 @@ def add_rms_norm(
         Gradients flow to input, residual and weight through both.
     """
     if _has_torch_function(input, residual, weight):
-        return _handle_torch_function(add_rms_norm, (input, residual, weight), **locals())
+        return _handle_torch_function(
+            add_rms_norm, (input, residual, weight), input, residual, weight, eps, offset, cast_before_weight
+        )
     try:
         if direct_call_allowed(input, residual, weight):
             return _add_rms_norm.direct(input, residual, weight, eps, offset, cast_before_weight)
@@ -213,6 +217,7 @@ def _records_grad(*tensors: Optional[Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+@torch.fx.node.has_side_effect  # (it updates residual: a traced call with no user must stay)
 def add_rms_norm_(
     input: Tensor,
     residual: Tensor,
@@ -224,7 +229,9 @@ def add_rms_norm_(
     """:func:`add_rms_norm` for inference: adds ``input`` into ``residual`` in place and returns
     the normalised sum. No gradient: it raises if a tensor requires grad with grad mode on."""
     if _has_torch_function(input, residual, weight):
-        return _handle_torch_function(add_rms_norm_, (input, residual, weight), **locals())
+        return _handle_torch_function(
+            add_rms_norm_, (input, residual, weight), input, residual, weight, eps, offset, cast_before_weight
+        )
     try:
         if direct_call_allowed(input, residual, weight):
             return _add_rms_norm.direct_inplace(input, residual, weight, eps, offset, cast_before_weight)
@@ -260,7 +267,7 @@ def layer_norm(
         float64 input) whatever the storage dtype.
     """
     if _has_torch_function(input, weight, bias):
-        return _handle_torch_function(layer_norm, (input, weight, bias), **locals())
+        return _handle_torch_function(layer_norm, (input, weight, bias), input, weight, bias, eps)
     try:
         if direct_call_allowed(input, weight, bias):
             return _layer_norm.direct(input, weight, bias, eps)
@@ -286,7 +293,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
         input); backward recomputes silu from gate (autograd keeps gate and up, nothing else).
     """
     if _has_torch_function(gate, up):
-        return _handle_torch_function(swiglu, (gate, up), **locals())
+        return _handle_torch_function(swiglu, (gate, up), gate, up)
     try:
         if direct_call_allowed(gate, up):
             return _swiglu.direct(gate, up)
@@ -313,7 +320,7 @@ def geglu(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
         A contiguous tensor of gate's shape and dtype, computed in float32.
     """
     if _has_torch_function(gate, up):
-        return _handle_torch_function(geglu, (gate, up), **locals())
+        return _handle_torch_function(geglu, (gate, up), gate, up, approximate)
     try:
         if direct_call_allowed(gate, up):
             return _geglu.direct(gate, up, approximate)
@@ -329,7 +336,7 @@ def swiglu_packed(gate_up: Tensor) -> Tensor:
     shape ``(..., n)``. Its backward writes one ``(..., 2n)`` gradient, which the fused
     projection's backward takes as it is (no concatenation of two gradients)."""
     if _has_torch_function(gate_up):
-        return _handle_torch_function(swiglu_packed, (gate_up,), **locals())
+        return _handle_torch_function(swiglu_packed, (gate_up,), gate_up)
     try:
         if direct_call_allowed(gate_up):
             return _swiglu_packed.direct(gate_up)
@@ -343,7 +350,7 @@ def geglu_packed(gate_up: Tensor, approximate: str = "none") -> Tensor:
     """:func:`geglu` of the two halves of ``gate_up`` ``(..., 2n)`` = ``[gate | up]``; see
     :func:`swiglu_packed`."""
     if _has_torch_function(gate_up):
-        return _handle_torch_function(geglu_packed, (gate_up,), **locals())
+        return _handle_torch_function(geglu_packed, (gate_up,), gate_up, approximate)
     try:
         if direct_call_allowed(gate_up):
             return _geglu_packed.direct(gate_up, approximate)
@@ -494,7 +501,10 @@ def rope(
         with respect to cos and sin are not supported (a clear error if they require grad).
     """
     if _has_torch_function(q, k, cos, sin, position_ids):
-        return _handle_torch_function(rope, (q, k, cos, sin, position_ids), **locals())
+        return _handle_torch_function(
+            rope, (q, k, cos, sin, position_ids), q, k, cos, sin, interleaved=interleaved, layout=layout,
+            position_ids=position_ids, check_positions=check_positions,
+        )
     try:
         q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope", q, k, cos, sin, layout, position_ids)
         gpu_check = _rope_position_check("rope", q4, pos, check_positions)
@@ -510,6 +520,7 @@ def rope(
         raise
 
 
+@torch.fx.node.has_side_effect  # (it updates q and k: a traced call with no user must stay)
 def rope_(
     q: Tensor,
     k: Tensor,
@@ -526,9 +537,13 @@ def rope_(
     on. q and k must not have rows that share memory (an expanded tensor), nor share memory with
     each other (the same tensor twice, or overlapping views; views of one fused QKV output are
     fine). As for torch's in-place ops, overlap is detected where both are dense: strided views
-    that partly overlap are not refused, and get rotated twice where they meet."""
+    that partly overlap are not refused, and where they meet the result is undefined (rotated
+    twice on the CPU, a race on a GPU)."""
     if _has_torch_function(q, k, cos, sin, position_ids):
-        return _handle_torch_function(rope_, (q, k, cos, sin, position_ids), **locals())
+        return _handle_torch_function(
+            rope_, (q, k, cos, sin, position_ids), q, k, cos, sin, interleaved=interleaved, layout=layout,
+            position_ids=position_ids, check_positions=check_positions,
+        )
     try:
         q4, k4, cos4, sin4, pos = _rope_views("fusedops.rope_", q, k, cos, sin, layout, position_ids)
         gpu_check = _rope_position_check("rope_", q4, pos, check_positions)
@@ -616,7 +631,11 @@ def cross_entropy(
         dtype (float32 under autocast, as torch). Math in float32 (float64 for float64 logits).
     """
     if _has_torch_function(logits, target, weight):
-        return _handle_torch_function(cross_entropy, (logits, target, weight), **locals())
+        return _handle_torch_function(
+            cross_entropy, (logits, target, weight), logits, target, weight=weight, ignore_index=ignore_index,
+            reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
+            inplace_grad=inplace_grad, check_target=check_target,
+        )
     try:
         compiling = torch.compiler.is_compiling()
         gpu_check = _cross_entropy.gpu_target_check("cross_entropy", check_target, logits, compiling)
@@ -726,7 +745,12 @@ def linear_cross_entropy(
         chunk by chunk.
     """
     if _has_torch_function(hidden, weight, target, bias, class_weight):
-        return _handle_torch_function(linear_cross_entropy, (hidden, weight, target, bias, class_weight), **locals())
+        return _handle_torch_function(
+            linear_cross_entropy, (hidden, weight, target, bias, class_weight), hidden, weight, target, bias,
+            ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss,
+            softcap=softcap, class_weight=class_weight, chunk_rows=chunk_rows, low_memory=low_memory,
+            chunk_classes=chunk_classes, check_target=check_target,
+        )
     try:
         owner = "fusedops.linear_cross_entropy"
         compiling = torch.compiler.is_compiling()

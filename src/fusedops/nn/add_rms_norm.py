@@ -5,17 +5,15 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..functional import _flag, _handle_torch_function, _has_torch_function, _real_number
-from ..functional import add_rms_norm, add_rms_norm_
+from ..functional import _flag, _real_number, add_rms_norm, add_rms_norm_
 from ._normalized_shape import require_tensor
 from .rms_norm import _default_eps
 
 
-def _forward(input, residual, weight, hidden_size, eps, offset, cast_before_weight, inplace):
-    """AddRMSNorm.forward as a function of the module's state: what a torch.fx trace records, as
-    one call that makes the module's checks when the graph runs."""
-    if _has_torch_function(input, residual, weight):
-        return _handle_torch_function(_forward, (input, residual, weight), **locals())
+def _add_rms_norm_module(input, residual, weight, hidden_size, eps, offset, cast_before_weight, inplace):
+    """AddRMSNorm.forward as a function of the module's state: what a torch.fx trace records (one
+    call, torch.fx.wrap below, kept by dead-code elimination: it may update residual), so that
+    the module's checks run when the graph runs."""
     require_tensor("AddRMSNorm", "input", input)
     require_tensor("AddRMSNorm", "residual", residual)
     if input.shape[-1:] != (hidden_size,):
@@ -28,6 +26,10 @@ def _forward(input, residual, weight, hidden_size, eps, offset, cast_before_weig
     if inplace and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:3])):
         return add_rms_norm_(*args), residual
     return add_rms_norm(*args)
+
+
+torch.fx.wrap("_add_rms_norm_module")
+torch.fx.node.has_side_effect(_add_rms_norm_module)
 
 
 class AddRMSNorm(torch.nn.Module):
@@ -78,7 +80,7 @@ class AddRMSNorm(torch.nn.Module):
             torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, input: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
-        return _forward(
+        return _add_rms_norm_module(
             input, residual, self.weight, self.hidden_size, self.eps, self.offset, self.cast_before_weight, self.inplace
         )
 

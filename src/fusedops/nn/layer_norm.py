@@ -6,16 +6,17 @@ from typing import Sequence, Union
 import torch
 from torch import Tensor
 
-from ..functional import _handle_torch_function, _has_torch_function, layer_norm
+from ..functional import layer_norm
 from ._normalized_shape import apply_over_trailing
 
 
-def _forward(input, weight, bias, normalized_shape, eps):
-    """LayerNorm.forward as a function of the module's state: what a torch.fx trace records, as
-    one call that makes the module's checks when the graph runs."""
-    if _has_torch_function(input, weight, bias):
-        return _handle_torch_function(_forward, (input, weight, bias), **locals())
+def _layer_norm_module(input, weight, bias, normalized_shape, eps):
+    """LayerNorm.forward as a function of the module's state: what a torch.fx trace records (one
+    call, torch.fx.wrap below), so that the module's checks run when the graph runs."""
     return apply_over_trailing(layer_norm, "LayerNorm", input, normalized_shape, (weight, bias), eps)
+
+
+torch.fx.wrap("_layer_norm_module")
 
 
 class LayerNorm(torch.nn.Module):
@@ -63,7 +64,7 @@ class LayerNorm(torch.nn.Module):
             torch.nn.init.zeros_(self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
-        return _forward(input, self.weight, self.bias, self.normalized_shape, self.eps)
+        return _layer_norm_module(input, self.weight, self.bias, self.normalized_shape, self.eps)
 
     def extra_repr(self) -> str:
         return (

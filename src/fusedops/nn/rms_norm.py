@@ -6,7 +6,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from ..functional import _flag, _handle_torch_function, _has_torch_function, _real_number, rms_norm
+from ..functional import _flag, _real_number, rms_norm
 from ._normalized_shape import apply_over_trailing, require_tensor
 
 
@@ -19,15 +19,16 @@ def _default_eps(dtype: torch.dtype) -> float:
     return _FLOAT64_EPS if dtype == torch.float64 else _FLOAT32_EPS
 
 
-def _forward(input, weight, normalized_shape, eps, offset, cast_before_weight, save_output):
-    """RMSNorm.forward as a function of the module's state: what a torch.fx trace records, as
-    one call that makes the module's checks when the graph runs."""
-    if _has_torch_function(input, weight):
-        return _handle_torch_function(_forward, (input, weight), **locals())
+def _rms_norm_module(input, weight, normalized_shape, eps, offset, cast_before_weight, save_output):
+    """RMSNorm.forward as a function of the module's state: what a torch.fx trace records (one
+    call, torch.fx.wrap below), so that the module's checks run when the graph runs."""
     require_tensor("RMSNorm", "input", input)
     eps = _default_eps(input.dtype) if eps is None else eps
     options = (offset, cast_before_weight, save_output)
     return apply_over_trailing(rms_norm, "RMSNorm", input, normalized_shape, (weight,), eps, options)
+
+
+torch.fx.wrap("_rms_norm_module")
 
 
 class RMSNorm(torch.nn.Module):
@@ -84,7 +85,7 @@ class RMSNorm(torch.nn.Module):
             torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
     def forward(self, input: Tensor) -> Tensor:
-        return _forward(
+        return _rms_norm_module(
             input, self.weight, self.normalized_shape, self.eps, self.offset, self.cast_before_weight, self.save_output
         )
 

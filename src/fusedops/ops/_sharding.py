@@ -25,13 +25,11 @@ before fusedops): importing it takes about 0.4 s, which ``import fusedops`` shou
 those who never shard.
 """
 
-import importlib.abc
-import importlib.util
-import sys
-import threading
 import warnings
 
 import torch
+
+from . import _on_import
 
 _DTENSOR = "torch.distributed.tensor"
 
@@ -189,40 +187,7 @@ def register_all() -> None:
         )
 
 
-class _RegisterOnImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when torch.distributed.tensor is looked up, it lets the usual
-    finders find the module and has the rules registered once that spec's module has run. It
-    stays in sys.meta_path until then: a lookup that only asks for the spec
-    (importlib.util.find_spec, as torch._logging.set_logs does) runs nothing."""
-
-    def __init__(self):
-        self._finding = threading.local()
-
-    def find_spec(self, name, path, target=None):
-        if name != _DTENSOR or getattr(self._finding, "active", False):
-            return None
-        self._finding.active = True  # (the lookup below asks every finder again, this one too)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            self._finding.active = False
-        if spec is not None and spec.loader is not None:
-            run_module = spec.loader.exec_module
-
-            def exec_module(module):
-                run_module(module)
-                if self in sys.meta_path:
-                    sys.meta_path.remove(self)
-                register_all()
-
-            spec.loader.exec_module = exec_module
-        return spec
-
-
 def register_when_dtensor_is_imported() -> None:
     if not torch.distributed.is_available():
         return
-    if _DTENSOR in sys.modules:
-        register_all()
-    else:
-        sys.meta_path.insert(0, _RegisterOnImport())
+    _on_import.when_imported(_DTENSOR, register_all)

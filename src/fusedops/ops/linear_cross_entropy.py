@@ -72,9 +72,8 @@ bfloat16 on the way. The loss is float32.
 import math
 
 import torch
-from torch.utils.flop_counter import register_flop_formula
 
-from . import _deferred, _direct
+from . import _deferred, _direct, _on_import
 from . import cross_entropy as _ce
 from ._norm import FLOAT_DTYPES, NARROW, _same_device, acc_dtype, check_given, dtype_name, shape_str
 
@@ -747,6 +746,7 @@ _direct.register_no_double_backward("fusedops::linear_cross_entropy_backward", "
 # ---- FLOP counting ---------------------------------------------------------------------------
 # The products run inside the ops' composite kernels, out of sight of torch's FlopCounterMode,
 # which would count the lm_head as nothing: these formulas give it the products each call makes.
+# (Registered when torch.utils.flop_counter is imported: it imports triton, 0.2 s.)
 
 
 def _product_flops(hidden, weight, bias, low_memory, want_grad, output_mask):
@@ -758,18 +758,26 @@ def _product_flops(hidden, weight, bias, low_memory, want_grad, output_mask):
     return 2 * math.prod(hidden[:-1]) * hidden[-1] * weight[0] * products
 
 
-@register_flop_formula(torch.ops.fusedops.linear_cross_entropy)
 def _forward_flops(hidden, weight, target, bias=None, class_weight=None, ignore_index=-100, reduction="mean",
                    label_smoothing=0.0, z_loss=0.0, softcap=None, chunk_rows=None, low_memory=False,
                    chunk_classes=None, compute_grad=False, output_mask=(True, True, True), **_out):
     return _product_flops(hidden, weight, bias, low_memory, compute_grad, output_mask)
 
 
-@register_flop_formula(torch.ops.fusedops.linear_cross_entropy_backward)
 def _backward_flops(grad_output, hidden, weight, target, bias, class_weight, ignore_index, reduction,
                     label_smoothing, z_loss, softcap, chunk_rows, low_memory=False, chunk_classes=None,
                     output_mask=(True, True, True), **_out):
     return _product_flops(hidden, weight, bias, low_memory, True, output_mask)
+
+
+def _register_flop_formulas():
+    from torch.utils.flop_counter import register_flop_formula
+
+    register_flop_formula(torch.ops.fusedops.linear_cross_entropy)(_forward_flops)
+    register_flop_formula(torch.ops.fusedops.linear_cross_entropy_backward)(_backward_flops)
+
+
+_on_import.when_imported("torch.utils.flop_counter", _register_flop_formulas)
 
 # The op's pybind entry point: what OpOverload.__call__ forwards to, one Python frame less.
 _forward_entry = forward._op
