@@ -472,6 +472,28 @@ def test_large_logits_keep_their_precision(impl, offset):
                     torch.testing.assert_close(gx.double(), gr, atol=1e-3 / V, rtol=1e-4)
 
 
+@pytest.mark.parametrize("impl", ["cpu", pytest.param("cuda", marks=gpu)])
+def test_smoothing_with_a_masked_target_like_torch(impl):
+    """A target logit masked to a large negative value (weight 0, or label_smoothing 1, so that
+    only the smoothing term is left): the smoothing sum must not be taken relative to that
+    logit, where every difference is ~1e30 and the term cancels to 0. (The Triton kernel keeps
+    it relative to the target's logit: docs/ops/cross_entropy.md.) V spans several of the CPU
+    kernel's chunks, so the running maximum moves."""
+    device, op = _device_and_op(impl)
+    g = torch.Generator().manual_seed(4)
+    V = 5000
+    x = 3 * torch.randn(4, V, generator=g)
+    t = torch.tensor([5, 7, 4000, 4999])
+    x[torch.arange(4), t] = torch.tensor([-1e4, -1e30, torch.finfo(torch.float32).min, -1e30])
+    weight = torch.ones(V).index_fill_(0, t, 0.0)
+    for eps, w in ((1.0, None), (0.5, weight)):
+        ref = F.cross_entropy(x.double(), t, weight=None if w is None else w.double(), reduction="none",
+                              label_smoothing=eps)
+        loss = op(x.to(device), t.to(device), None if w is None else w.to(device), -100, "none", eps, 0.0, None,
+                  False)[0]
+        torch.testing.assert_close(loss.double().cpu(), ref, atol=1e-5, rtol=1e-5)
+
+
 def _non_finite_rows(V, generator):
     """Rows of V logits whose non-finite values torch turns into a NaN or infinite loss, or
     not: finite; NaN but for the first 16 values (the target's); a span of 64 NaN; all NaN; one

@@ -13,10 +13,11 @@
 //
 // Nothing is subtracted from lse = max + log(sum) once rounded: lse - x_t is taken as log(sum) -
 // (x_t - max) and p_j as exp((x_j - max) - log(sum)), and the smoothing term's sum is kept in
-// float64 as sum w_j (x_j - x_t), relative to the target's logit as the Triton kernel keeps it, so
-// that logits of large magnitude keep their precision, as torch's do (with lse rounded first, rows
-// of values near 1e8 lost the loss entirely: float32's spacing there is 8; with sum w_j x_j
-// itself, rows near 1e30 lost the smoothing term).
+// float64 as sum w_j (x_j - max), relative to the running maximum (moved as it grows), so that
+// logits of large magnitude keep their precision, as torch's do (with lse rounded first, rows of
+// values near 1e8 lost the loss entirely: float32's spacing there is 8; with sum w_j x_j itself,
+// rows near 1e30 lost the smoothing term; relative to the target's logit instead, a masked target,
+// -1e30 with weight 0, lost it).
 #include <torch/csrc/stable/library.h>
 
 #include <algorithm>
@@ -74,20 +75,21 @@ FUSEDOPS_CPU_INLINE A value(T v, A cap) {
   }
 }
 
-// Row statistics: the maximum, sum exp(x - max) and (with smoothing) sum w_j (x_j - anchor). The row is
+// Row statistics: the maximum m, sum exp(x - m) and (with smoothing) sum w_j (x_j - m) and
+// sum w_j (m: 0 if every value is -inf or NaN). The row is
 // read once, by chunks that go through an L1-resident float buffer (converted and soft-capped
 // once): the chunk's maximum first, the running sum rescaled when it grows, then the exps.
 constexpr int64_t kChunk = 2048;
 
 template <bool kSoftcap, bool kWeighted, bool kSmooth, typename T, typename W>
-FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, double anchor, acc_t<T>& m_out,
-                                         acc_t<T>& s_out, double& wx_out) {
+FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, acc_t<T>& m_out, acc_t<T>& s_out,
+                                         double& wx_out, double& w_out) {
   using A = acc_t<T>;
   const int64_t V = a.V;
   constexpr A kNegInf = -std::numeric_limits<A>::infinity();
   alignas(64) A buf[kChunk];
   A m = kNegInf, s = 0;
-  double wx = 0;
+  double wx = 0, w = 0;
   for (int64_t c0 = 0; c0 < V; c0 += kChunk) {
     const int64_t n = std::min(kChunk, V - c0);
     const T* xc = x + c0;
@@ -100,6 +102,8 @@ FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, double
     }
     if (cm > m) {
       s *= exp_acc(m - cm);  // (m = -inf: s is 0, or NaN, which stays)
+      // (m = -inf: the sum so far is relative to 0, and -inf or NaN, which stays)
+      if (kSmooth && m != kNegInf) wx -= w * (double(cm) - double(m));
       m = cm;
     }
     // The exponentials' base: m, or 0 while m is -inf, when the values so far are -inf (each
@@ -107,25 +111,25 @@ FUSEDOPS_CPU_MULTIVERSION void row_stats(const Args<T, W>& a, const T* x, double
     // from its row's loss (torch's is NaN). (exp(-inf - -inf) would be NaN for -inf too.)
     const A base = m == kNegInf ? A(0) : m;
     A cs = 0;
-    double cwx = 0;
+    double cwx = 0, cw = 0;
 #pragma omp simd reduction(+ : cs)
     for (int64_t j = 0; j < n; ++j) cs += exp_acc(buf[j] - base);
     if constexpr (kSmooth) {
-#pragma omp simd reduction(+ : cwx)
+#pragma omp simd reduction(+ : cwx, cw)
       for (int64_t j = 0; j < n; ++j) {
-        if constexpr (kWeighted) {
-          cwx += double(to_acc(a.weight[c0 + j])) * (double(buf[j]) - anchor);
-        } else {
-          cwx += double(buf[j]) - anchor;
-        }
+        const double wj = kWeighted ? double(to_acc(a.weight[c0 + j])) : 1.0;
+        cwx += wj * (double(buf[j]) - double(base));
+        cw += wj;
       }
     }
     s += cs;
     wx += cwx;
+    w += cw;
   }
   m_out = m;
   s_out = s;
   wx_out = wx;
+  w_out = w;
 }
 
 // g_j = (p_j * cp - cw * w_j) * softcap'(x_j), p_j = exp((x_j - m) - ls) with m the row's
@@ -195,8 +199,8 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
   a.softcap = A(p.softcap);
   a.eps = A(p.label_smoothing);
   a.z = A(p.z_loss);
-  // (in float64: the smoothing term multiplies it by the row's maximum less the target's logit,
-  // then takes the sum of w_j (x_j - x_t) away; both must carry the same weights to cancel)
+  // (in float64: the smoothing term multiplies it by the log of the row's sum of exponentials,
+  // then takes the sum of w_j (x_j - max) away)
   double W_sum_d = double(p.V);
   if (a.weight != nullptr) {
     W_sum_d = 0;
@@ -235,31 +239,28 @@ void run_typed(const Problem& p, Outputs& o, const char* op) {
         continue;
       }
       const T* x = a.x + a.rows.offset(i);
-      const A xt = value<false>(x[t], a.softcap);
-      const A xt_c = softcap ? softcapped(xt, a.softcap) : xt;
-      // (an infinite or NaN target logit: 0, where x_j - x_t would turn an infinite loss into
-      // inf - inf)
-      const double anchor = std::isfinite(xt_c) ? double(xt_c) : 0.0;
       A m, s;
-      double wx;
+      double wx, w;
       if (!smooth) {
-        softcap ? row_stats<true, false, false>(a, x, anchor, m, s, wx)
-                : row_stats<false, false, false>(a, x, anchor, m, s, wx);
+        softcap ? row_stats<true, false, false>(a, x, m, s, wx, w) : row_stats<false, false, false>(a, x, m, s, wx, w);
       } else if (softcap) {
-        weighted ? row_stats<true, true, true>(a, x, anchor, m, s, wx)
-                 : row_stats<true, false, true>(a, x, anchor, m, s, wx);
+        weighted ? row_stats<true, true, true>(a, x, m, s, wx, w) : row_stats<true, false, true>(a, x, m, s, wx, w);
       } else {
-        weighted ? row_stats<false, true, true>(a, x, anchor, m, s, wx)
-                 : row_stats<false, false, true>(a, x, anchor, m, s, wx);
+        weighted ? row_stats<false, true, true>(a, x, m, s, wx, w) : row_stats<false, false, true>(a, x, m, s, wx, w);
       }
       const A ls = std::log(s);
       const A lse = m + ls;
+      const A xt = value<false>(x[t], a.softcap);
+      const A xt_c = softcap ? softcapped(xt, a.softcap) : xt;
       const A wt = weighted ? A(to_acc(a.weight[t])) : A(1);
       const A inv_v = A(1) / A(p.V);
       // lse - x_t and W lse - sum w_j x_j, each taken without rounding lse first (see the
       // header); the smoothing term only when smoothing (with -inf logits it is 0 * inf).
       A ce = (A(1) - a.eps) * wt * (ls - (xt_c - m));
-      if (a.eps > A(0)) ce += a.eps * inv_v * A(W_sum_d * ((double(m) - anchor) + double(ls)) - wx);
+      // (W lse - sum w_j x_j, taken as W ls - sum w_j (x_j - m); where every value is -inf or
+      // NaN the sum is of the values themselves, and m stays in the first term)
+      const double m_outside = m == -std::numeric_limits<A>::infinity() ? double(m) : 0.0;
+      if (a.eps > A(0)) ce += a.eps * inv_v * A(W_sum_d * (m_outside + double(ls)) - wx);
       const A zl = a.z * lse * lse;
       lse_out[i] = lse;
       loss_rows[i] = p.reduction == Reduction::kMean ? ce * a.sw + zl * a.sn : ce + zl;
@@ -355,8 +356,8 @@ void slice_typed(const SliceProblem& s, bool grad) {
         constexpr bool kCap = (k & 0b100) != 0, kW = (k & 0b010) != 0, kS = (k & 0b001) != 0;
         if (!grad) {
           A m, sum;
-          double wx;
-          row_stats<kCap, kW, kS>(a, x, 0.0, m, sum, wx);  // (the state sums w_j x_j itself)
+          double wx, w;
+          row_stats<kCap, kW, kS>(a, x, m, sum, wx, w);
           // (a NaN is carried by the sums, as row_stats does: never dropped for a -inf maximum)
           if (m > r[0]) {
             r[1] = r[1] * exp_acc(r[0] - m) + sum;
@@ -364,7 +365,8 @@ void slice_typed(const SliceProblem& s, bool grad) {
           } else {
             r[1] += m == r[0] ? sum : sum * exp_acc(m - r[0]);
           }
-          if constexpr (kS) r[2] += A(wx);
+          // (the state holds sum w_j x_j itself: the slice's sum moved back from its maximum)
+          if constexpr (kS) r[2] += A(m == -std::numeric_limits<A>::infinity() ? wx : wx + w * double(m));
         } else {
           row_grad<kCap, kW, kS>(a, x, x, r[0], A(0), r[1], r[3]);  // (base, scale, ct, cw)
         }
