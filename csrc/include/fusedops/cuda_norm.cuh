@@ -1629,26 +1629,42 @@ void launch_cluster(void (*kernel)(KernelArgs...), unsigned grid, int cluster, i
   STD_TORCH_CHECK(e == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(e));
 }
 
+// Lets Kernel run in clusters of more than 8 blocks (sm_90's non-portable sizes) on the current
+// GPU. The attribute belongs to the device's context, so it is set once per device (a process
+// that ran a wide norm backward on cuda:0 and then on cuda:1 launched there without it); false
+// where it is refused.
+template <auto Kernel>
+bool allow_large_clusters() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> state[kMaxDevices] = {};  // 0: not asked yet, 1: allowed, -1: refused
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) (void)cudaGetLastError();
+  const bool kept = device >= 0 && device < kMaxDevices;
+  int v = kept ? state[device].load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    v = cudaFuncSetAttribute(Kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess ? 1 : -1;
+    if (v < 0) (void)cudaGetLastError();
+    if (kept) state[device].store(v, std::memory_order_relaxed);
+  }
+  return v > 0;
+}
+
 // Clusters of `cluster` blocks of Kernel, with `dynamic_shared` bytes each (fixed per kernel),
 // that can be resident at once (0: none fit, or clusters unsupported), asked once per kernel and
-// size; sizes above 8 are allowed first.
+// size (a process drives GPUs of one architecture here); sizes above 8 are allowed first, on
+// each device.
 template <auto Kernel>
 int resident_clusters(int cluster, int dynamic_shared = 0) {
+  if (cluster > kMaxCluster && !allow_large_clusters<Kernel>()) return 0;
   static std::atomic<int> cached[kMaxBackwardCluster + 1] = {};
   std::atomic<int>& r = cached[cluster];
   int v = r.load(std::memory_order_relaxed);
   if (v == 0) {
-    if (cluster > kMaxCluster &&
-        cudaFuncSetAttribute(Kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    cudaLaunchAttribute cluster_dim;
+    const cudaLaunchConfig_t config = cluster_config(unsigned(cluster), cluster, dynamic_shared, nullptr, cluster_dim);
+    if (cudaOccupancyMaxActiveClusters(&v, Kernel, &config) != cudaSuccess || v <= 0) {
       (void)cudaGetLastError();
       v = -1;
-    } else {
-      cudaLaunchAttribute cluster_dim;
-      const cudaLaunchConfig_t config = cluster_config(unsigned(cluster), cluster, dynamic_shared, nullptr, cluster_dim);
-      if (cudaOccupancyMaxActiveClusters(&v, Kernel, &config) != cudaSuccess || v <= 0) {
-        (void)cudaGetLastError();
-        v = -1;
-      }
     }
     r.store(v, std::memory_order_relaxed);
   }
@@ -1874,19 +1890,31 @@ void launch_backward(const BackwardProblem& p, const BackwardOutputs& o, const c
     s.vpt = 0;
     s.cluster = 0;
   }
-  if (s.vpt == 0) {
+  const auto sweep = [&] {
     const int rpb = sweep_rows_per_block(s);
     const int64_t needed = (p.num_rows + rpb - 1) / rpb;
     if (s.vec == 1) run(Constant<backward_sweep_kernel<C, 1>>{}, needed, dim3(s.tpr, rpb), rpb);
     else run(Constant<backward_sweep_kernel<C, kVec>>{}, needed, dim3(s.tpr, rpb), rpb);
+  };
+  if (s.vpt == 0) {
+    sweep();
     return;
   }
   const auto launch = [&](auto vec, auto tag) {
     using Tag = decltype(tag);
     constexpr int kRows = kBlock / Tag::tpr;
     constexpr int kVecT = decltype(vec)::value;
-    run(Constant<backward_kernel<C, kVecT, Tag::tpr, Tag::vpt>>{}, (p.num_rows + kRows - 1) / kRows, dim3(kBlock), 1,
-        BackwardPartials<C, kVecT, Tag::tpr, Tag::vpt>::kDynamicBytes);
+    constexpr auto kernel = backward_kernel<C, kVecT, Tag::tpr, Tag::vpt>;
+    constexpr int kShared = BackwardPartials<C, kVecT, Tag::tpr, Tag::vpt>::kDynamicBytes;
+    if (!dynamic_shared_fits<kernel>(device, kShared)) {
+      // (layer_norm's 16-bit rows of 8K-16K keep 128 KB of partial sums a block, more than the
+      // 99 KB a block of sm_86, sm_89 and sm_120 can have: those rows are swept there)
+      s.tpr = kSweepThreads;
+      s.vpt = 0;
+      sweep();
+      return;
+    }
+    run(Constant<kernel>{}, (p.num_rows + kRows - 1) / kRows, dim3(kBlock), 1, kShared);
   };
   dispatch_cached<T>(s, op, launch, CachedShapes<kBackwardVecs<C>>{});
 }
