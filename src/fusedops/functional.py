@@ -20,7 +20,7 @@ from .ops import geglu as _geglu
 from .ops import geglu_packed as _geglu_packed
 from .ops import swiglu as _swiglu
 from .ops import swiglu_packed as _swiglu_packed
-from .ops._direct import direct_call_allowed, dispatch_mode_active
+from .ops._direct import direct_call_allowed, dispatch_mode_active, records_grad
 
 # As torch.nn.functional's: an argument that overrides torch functions (a torch.fx Proxy, a tensor
 # subclass with __torch_function__) gets the call itself, which the fast paths below cannot take.
@@ -211,12 +211,6 @@ def _compiled_update_goes_out_of_place(*mutated: Tensor) -> bool:
     )
 
 
-def _records_grad(*tensors: Optional[Tensor]) -> bool:
-    """Whether autograd would record a call on `tensors` (an in-place form then raises, which its
-    out-of-place route must not hide)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 @torch.fx.node.has_side_effect  # (it updates residual: a traced call with no user must stay)
 def add_rms_norm_(
     input: Tensor,
@@ -235,7 +229,7 @@ def add_rms_norm_(
     try:
         if direct_call_allowed(input, residual, weight):
             return _add_rms_norm.direct_inplace(input, residual, weight, eps, offset, cast_before_weight)
-        if _compiled_update_goes_out_of_place(residual) and not _records_grad(input, residual, weight):
+        if _compiled_update_goes_out_of_place(residual) and not records_grad(input, residual, weight):
             output, residual_out, _ = _add_rms_norm_op(input, residual, weight, eps, offset,
                                                        cast_before_weight)
             residual.copy_(residual_out)
@@ -549,7 +543,7 @@ def rope_(
         gpu_check = _rope_position_check("rope_", q4, pos, check_positions)
         if direct_call_allowed(q4, k4, cos4, sin4):
             bad = _rope.direct_inplace(q4, k4, cos4, sin4, pos, interleaved)
-        elif _compiled_update_goes_out_of_place(q4, k4) and not _records_grad(q, k):
+        elif _compiled_update_goes_out_of_place(q4, k4) and not records_grad(q, k):
             # (q and k split from a fused QKV output are transposed views of views in the op's
             # (B, H, S, D) order, whichever layout the caller names)
             q_out, k_out, bad = _rope_op(q4, k4, cos4, sin4, pos, interleaved)

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from ..functional import _flag, _real_number, add_rms_norm, add_rms_norm_
+from ..ops._direct import records_grad
 from ._normalized_shape import require_tensor
 from .rms_norm import _default_eps
 
@@ -23,7 +24,7 @@ def _add_rms_norm_module(input, residual, weight, hidden_size, eps, offset, cast
         )
     eps = _default_eps(input.dtype) if eps is None else eps
     args = (input, residual, weight, eps, offset, cast_before_weight)
-    if inplace and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:3])):
+    if inplace and not records_grad(input, residual, weight):
         return add_rms_norm_(*args), residual
     return add_rms_norm(*args)
 

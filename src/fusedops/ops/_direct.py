@@ -34,6 +34,11 @@ _inference_mode_enabled = torch.is_inference_mode_enabled
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
+def records_grad(*tensors) -> bool:
+    """Whether autograd records a call on `tensors` (None for an absent optional one)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def dispatch_mode_active() -> bool:
     """Whether a TorchDispatchMode (selective activation checkpointing, FlopCounterMode, a
     tracer) sees the ops this thread calls now."""

@@ -189,7 +189,7 @@ class GatedOp:
     def direct(self, *args):
         """``forward(*args)`` with autograd, where ``_direct.direct_call_allowed()``."""
         k = 1 if self.packed else 2
-        if torch.is_grad_enabled() and any(t.requires_grad for t in args[:k]):
+        if _direct.records_grad(*args[:k]):
             unwrap = _direct.unwrap_if_dead
             return self._apply_function(*(unwrap(t) for t in args[:k]), *args[k:])
         with _direct.BelowAutograd():

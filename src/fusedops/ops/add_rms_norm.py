@@ -150,13 +150,9 @@ _apply_function = _direct.bind_apply(_Function)
 _unwrap = _direct.unwrap_if_dead
 
 
-def _needs_grad(*tensors):
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def direct(input, residual, weight, eps, offset=0.0, cast_before_weight=False):
     """``forward(...)[:2]`` with autograd, where ``_direct.direct_call_allowed()``."""
-    if _needs_grad(input, residual, weight):
+    if _direct.records_grad(input, residual, weight):
         return _apply_function(
             _unwrap(input), _unwrap(residual), None if weight is None else _unwrap(weight), eps, offset,
             cast_before_weight,
@@ -168,7 +164,7 @@ def direct(input, residual, weight, eps, offset=0.0, cast_before_weight=False):
 
 def _inplace_no_grad_check(input, residual, weight):
     _direct.refuse_inference_tensor_update("add_rms_norm_", residual=residual)
-    if _needs_grad(input, residual, weight):
+    if _direct.records_grad(input, residual, weight):
         raise RuntimeError(
             "fusedops.add_rms_norm_ updates residual in place and has no gradient (it is the inference form); "
             "use fusedops.add_rms_norm when gradients are needed, or call it under torch.no_grad()"

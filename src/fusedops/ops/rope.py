@@ -362,13 +362,9 @@ _apply_function = _direct.bind_apply(_Function)
 _unwrap = _direct.unwrap_if_dead
 
 
-def _needs_grad(*tensors):
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def direct(q, k, cos, sin, position_ids=None, interleaved=False):
     """``forward(...)`` with autograd, where ``_direct.direct_call_allowed()``."""
-    if _needs_grad(q, k, cos, sin):
+    if _direct.records_grad(q, k, cos, sin):
         _refuse_table_grads(cos, sin)
         return _apply_function(
             _unwrap(q), _unwrap(k), cos, sin, None if position_ids is None else position_ids, interleaved
@@ -379,7 +375,7 @@ def direct(q, k, cos, sin, position_ids=None, interleaved=False):
 
 def _inplace_no_grad_check(q, k, cos, sin):
     _direct.refuse_inference_tensor_update("rope_", q=q, k=k)
-    if _needs_grad(q, k, cos, sin):
+    if _direct.records_grad(q, k, cos, sin):
         raise RuntimeError(
             "fusedops.rope_ rotates q and k in place and has no gradient (it is the inference form); "
             "use fusedops.rope when gradients are needed, or call it under torch.no_grad()"
