@@ -472,22 +472,26 @@ def test_large_logits_keep_their_precision(impl, offset):
                     torch.testing.assert_close(gx.double(), gr, atol=1e-3 / V, rtol=1e-4)
 
 
-@pytest.mark.parametrize("impl", ["cpu", pytest.param("cuda", marks=gpu)])
-def test_smoothing_with_a_masked_target_like_torch(impl):
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_smoothing_with_a_masked_target_like_torch(impl, dtype):
     """A target logit masked to a large negative value (weight 0, or label_smoothing 1, so that
-    only the smoothing term is left): the smoothing sum must not be taken relative to that
-    logit, where every difference is ~1e30 and the term cancels to 0. (The Triton kernel keeps
-    it relative to the target's logit: docs/ops/cross_entropy.md.) V spans several of the CPU
-    kernel's chunks, so the running maximum moves."""
-    if impl == "cuda" and fusedops.backend_for("cross_entropy", "cuda") == "triton":
-        pytest.skip("the Triton kernel keeps the smoothing sum relative to the target's logit (documented)")
+    only the smoothing term is left), down to the dtype's lowest value (a masked_fill with
+    finfo.min): the smoothing sum must not be taken relative to that logit, where every
+    difference is ~1e30 and the term cancels to 0 (or overflows), nor scaled where it overflows.
+    V spans several of the CPU kernel's chunks, so the running maximum moves."""
+    interpreted = impl == "triton-interpreter"
     device, op = _device_and_op(impl)
     g = torch.Generator().manual_seed(4)
-    V = 5000
-    x = 3 * torch.randn(4, V, generator=g)
-    t = torch.tensor([5, 7, 4000, 4999])
-    # (not float32's lowest value: the CUDA kernels' smoothing sum overflows to inf there, H100 2026-12-07)
-    x[torch.arange(4), t] = torch.tensor([-1e4, -1e30, -1e35, -1e30])
+    V = 300 if interpreted else 5000
+    lowest = torch.finfo(dtype).min
+    if impl == "cuda" and fusedops.backend_for("cross_entropy", "cuda") == "cuda":
+        lowest = -1e35  # (the CUDA kernels' loss is inf there: docs/ops/cross_entropy.md)
+    t = torch.tensor([5, 7, V - 1000 if V > 1000 else 100, V - 1, V // 2])
+    x = (3 * torch.randn(len(t), V, generator=g)).to(dtype)
+    x[torch.arange(len(t)), t] = torch.tensor([-1e4, -1e30, -1e35, lowest, -1e30]).to(dtype)
+    x[4, :16] = -1e30  # (other masked logits beside the target's; not the lowest: 16 of those overflow
+    # float32's sum, as torch's float32 loss does)
     weight = torch.ones(V).index_fill_(0, t, 0.0)
     for eps, w in ((1.0, None), (0.5, weight)):
         ref = F.cross_entropy(x.double(), t, weight=None if w is None else w.double(), reduction="none",

@@ -159,9 +159,25 @@ def _row_kernel(
         inv_v = 1.0 / (V + tl.zeros([], ACC))  # (V == 1 arrives as a constant, not a tensor)
         ce = (1.0 - eps) * wt * (ls - (xt - mx))
         if SMOOTH:
-            # W lse - sum w_j x_j = W ls + (W (mx - c) - sum w_j (x_j - c)): the smoothing
-            # term, +inf where a logit is -inf (as torch's).
-            ce += eps * inv_v * (w_sum * ls + (w_sum * (mx - shift) - tl.sum(wx, 0)))
+            # W lse - sum w_j x_j = W ls + below, below = sum w_j (mx - x_j) = W (mx - c) - sum
+            # w_j (x_j - c): the smoothing term, +inf where a logit is -inf (as torch's).
+            below = w_sum * (mx - shift) - tl.sum(wx, 0)
+            # Where the target's logit lies far below the row (masked: -1e30 leaves every x_j - c
+            # near 1e30, whose roundings outweigh the term, or overflow at float32's lowest
+            # value), the two sums cancel: such rows, and rows whose sum is not finite, read the
+            # row once more and sum the differences from the maximum itself (never negative).
+            if (tl.abs(w_sum * (mx - shift)) > 8.0 * below) | (below != below) | (below == float("inf")):
+                acc = tl.zeros([BLOCK], ACC)
+                for start in range(0, V, BLOCK):
+                    cc = start + cols
+                    mask = cc < V
+                    v = _softcapped(tl.load(x_row + cc, mask=mask, other=0.0).to(ACC), cap, SOFTCAP)
+                    d = tl.where(v == float("-inf"), float("inf"), mx - v)
+                    if HAS_WEIGHT:
+                        d *= tl.load(weight_ptr + cc, mask=mask, other=0.0).to(ACC)
+                    acc += tl.where(mask, d, 0.0)
+                below = tl.sum(acc, 0)
+            ce += eps * inv_v * (w_sum * ls + below)
         zl = z * lse * lse
         if MEAN:
             # (kept targets whose weights add up to 0: 0 / 0 as torch's, NaN even with smoothing)
