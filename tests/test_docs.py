@@ -9,6 +9,10 @@ Two conventions in the markdown:
   run (a fragment in the prose's names, a signature, a sketch of fusedops' internals, a setup
   this test cannot give). It is reported skipped, with its place and the reason, never
   dropped.
+- `<!-- docs-test: signature -->` above a block whose first statement is
+  `name = fusedops.<callable>(<parameters>)`, written as a def's parameter list (a bare `*`,
+  defaults): the block is not run; its parameters, their kinds and their defaults must be the
+  callable's own (test_signature_block_matches).
 - A block whose last lines are a comment naming an exception, as a traceback's last line reads
   (`# NotImplementedError: the message`, which may go on over further comment lines), shows
   an error: its last statement must raise that exception, with that message.
@@ -16,6 +20,8 @@ Two conventions in the markdown:
 A block's tracebacks name the markdown file and the block's own line numbers in it."""
 
 import ast
+import functools
+import inspect
 import linecache
 import re
 import traceback
@@ -27,6 +33,8 @@ from typing import List, Optional, Tuple
 import pytest
 import torch
 
+import fusedops
+
 from conftest import device_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"(?P<indent> *)(?P<fence>`{3,}|~{3,})\s*(?P<info>.*)")
 MARKER = re.compile(r"\s*<!--\s*docs-test:\s*(?P<directive>.*?)\s*-->\s*")
 SKIP = re.compile(r"skip \((?P<reason>.+)\)")
+SIGNATURE = "signature"
 ERROR_COMMENT = re.compile(r"#\s*(?:\w+\.)*(?P<name>\w+(?:Error|Exception)):\s*(?P<message>.*)")
 DEVICE_STRING = re.compile(r"""(["'])cuda\1""")
 
@@ -44,6 +53,7 @@ class Block:
     line: int  # the opening fence's line (1-based); the code starts on the next
     source: str
     skip: Optional[str]  # the reason given by a skip marker
+    signature: bool = False  # under a signature marker: checked against the callable, not run
 
     @property
     def id(self) -> str:
@@ -86,9 +96,12 @@ def _read_page(path: Path) -> Tuple[List[Block], List[str]]:
             code = [_dedent(line, len(fence["indent"])) for line in lines[i + 1 : end]]
             directive = marker_at.pop(i - 1, None)
             skip = SKIP.fullmatch(directive) if directive is not None else None
-            if directive is not None and not skip:
-                problems.append(f"{where}:{i}: unknown docs-test directive {directive!r} (known: skip (why))")
-            blocks.append(Block(path, i + 1, "\n".join(code) + "\n", skip["reason"] if skip else None))
+            if directive not in (None, SIGNATURE) and not skip:
+                problems.append(
+                    f"{where}:{i}: unknown docs-test directive {directive!r} (known: skip (why), {SIGNATURE})"
+                )
+            blocks.append(Block(path, i + 1, "\n".join(code) + "\n", skip["reason"] if skip else None,
+                                directive == SIGNATURE))
         i = end + 1
     problems += [f"{where}:{i + 1}: docs-test marker not on the line just above a ```python fence"
                  for i in marker_at]
@@ -108,10 +121,15 @@ BLOCKS, MARKER_PROBLEMS = _collect()
 
 
 def _block_params():
-    """One param a block, named file:line; a block with a skip marker is skipped with its reason."""
+    """One param a block, named file:line; a block with a skip marker is skipped with its reason,
+    a signature block as one that test_signature_block_matches checks."""
+
+    def skipped(block: Block, reason: str):
+        return pytest.param(block, id=block.id, marks=[pytest.mark.skip(reason=f"{block.id}: {reason}")])
+
     return [
-        pytest.param(block, id=block.id, marks=[pytest.mark.skip(reason=f"{block.id}: {block.skip}")])
-        if block.skip
+        skipped(block, block.skip) if block.skip
+        else skipped(block, "a signature, checked by test_signature_block_matches") if block.signature
         else pytest.param(block, id=block.id)
         for block in BLOCKS
     ]
@@ -210,3 +228,37 @@ def test_blocks_are_found():
     """The extraction finds README.md's quick start (at least one block on every run, also
     from an sdist): a parser broken into finding nothing would pass every other test here."""
     assert any(block.path.name == "README.md" for block in BLOCKS), [block.id for block in BLOCKS]
+
+
+def _documented_signature(block: Block) -> Tuple[str, List[Tuple[str, object, object]]]:
+    """The callable a signature block names and its parameters as written: (name, kind,
+    default), the default inspect.Parameter.empty where none is given."""
+    head, _, rest = block.source.partition("(")
+    depth = 1
+    for end, char in enumerate(rest):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            break
+    else:
+        raise AssertionError(f"{block.id}: a signature block opens a call it does not close")
+    args = ast.parse(f"def _({rest[:end]}): pass").body[0].args
+    empty, kind = inspect.Parameter.empty, inspect.Parameter
+    positional = [(a, kind.POSITIONAL_ONLY) for a in args.posonlyargs]
+    positional += [(a, kind.POSITIONAL_OR_KEYWORD) for a in args.args]
+    defaults = [empty] * (len(positional) - len(args.defaults)) + [ast.literal_eval(d) for d in args.defaults]
+    params = [(a.arg, k, d) for (a, k), d in zip(positional, defaults)]
+    params += [(a.arg, kind.KEYWORD_ONLY, empty if d is None else ast.literal_eval(d))
+               for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    return head.rpartition("=")[2].strip(), params
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in BLOCKS if b.signature])
+def test_signature_block_matches(block):
+    """A signature block lists the callable's parameters in order, each of the same kind
+    (positional, keyword-only) and with the same default: a parameter added, renamed or given
+    another default shows here, where the block itself never runs."""
+    name, documented = _documented_signature(block)
+    assert name.startswith("fusedops."), f"{block.id}: a signature block names a fusedops callable: {name!r}"
+    target = functools.reduce(getattr, name.split(".")[1:], fusedops)
+    actual = [(p.name, p.kind, p.default) for p in inspect.signature(target).parameters.values()]
+    assert documented == actual, f"{block.id}: {name} is documented as\n  {documented}\nbut is\n  {actual}"
