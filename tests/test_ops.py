@@ -74,6 +74,33 @@ def test_gradcheck_fp64(info, device):
         assert torch.autograd.gradcheck(fn, [sample.args[i] for i in grad_inputs], eps=1e-6, atol=1e-5), sample.desc
 
 
+@pytest.mark.parametrize("info", OPS)
+def test_torch_func_grad_works_or_says_what_to_do(info):
+    """torch.func.grad through the public function gives torch.autograd.grad's gradient, or, on
+    a torch whose functorch refuses formulas registered with torch.library.register_autograd
+    (pytorch/pytorch#170834; every torch this package supports so far), a NotImplementedError
+    naming the function and the way out, never torch's message about autograd.Function
+    internals the caller did not write."""
+    sample = next(iter(info.samples("cpu", torch.float64, requires_grad=False, edge=False)))
+    i = info.grad_argnums[0]
+
+    def loss(t):
+        args = list(sample.args)
+        args[i] = t
+        return sum(o.sum() for o in outputs_of(info.public(*args)) if o.is_floating_point())
+
+    try:
+        got = torch.func.grad(loss)(sample.args[i])
+    except NotImplementedError as error:
+        message = str(error)
+        assert message.startswith(f"fusedops.{info.name}: torch.func's"), message
+        assert "use torch.autograd.grad or .backward()" in message, message
+        return
+    x = sample.args[i].detach().requires_grad_()
+    (want,) = torch.autograd.grad(loss(x), x)
+    torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("info", OPS)
 def test_opcheck(info, device):

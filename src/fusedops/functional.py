@@ -67,6 +67,29 @@ def _name_the_mistyped_argument(function, arguments):
             ) from None
 
 
+
+# The message of torch's refusal when torch.func's reverse-mode transforms (grad, vjp, jacrev,
+# hessian) meet an autograd formula registered with torch.library.register_autograd, whose
+# generated Function lacks the setup_context functorch needs (pytorch/pytorch#170834).
+_FUNCTORCH_REFUSAL = "must override the setup_context staticmethod"
+
+
+def _explain_the_failure(function, arguments):
+    """Called in a public function's except block: raises a TypeError naming a mistyped
+    argument (_name_the_mistyped_argument), or turns torch's refusal of the registered autograd
+    under torch.func.grad and its kin, whose message points at autograd.Function internals the
+    caller never wrote, into a NotImplementedError that names the function and the way out.
+    Otherwise the caller re-raises its own error."""
+    _name_the_mistyped_argument(function, arguments)
+    error = sys.exc_info()[1]
+    if isinstance(error, RuntimeError) and _FUNCTORCH_REFUSAL in str(error):
+        raise NotImplementedError(
+            f"fusedops.{function.__name__}: torch.func's reverse-mode transforms (grad, vjp, jacrev, "
+            f"hessian) cannot differentiate it with torch {torch.__version__}, whose "
+            "torch.library.register_autograd formulas functorch refuses (pytorch/pytorch#170834); "
+            "use torch.autograd.grad or .backward()"
+        ) from error
+
 # What the schemas take for each scalar annotation (numbers.Real: int, float, numpy's floats;
 # numbers.Integral: int, numpy's integers, and bool, as torch's int arguments; bool: bool only,
 # not 0 or 1), with the exceptions _is_a adds.
@@ -153,7 +176,7 @@ def rms_norm(
             return _rms_norm.direct(input, weight, eps, offset, cast_before_weight, save_output)
         return _rms_norm_op(input, weight, eps, offset, cast_before_weight, save_output)[0]
     except Exception:  # (re-raised below)
-        _name_the_mistyped_argument(rms_norm, locals())
+        _explain_the_failure(rms_norm, locals())
         raise
 
 
@@ -193,7 +216,7 @@ def add_rms_norm(
         )
         return output, residual_out
     except Exception:  # (re-raised below)
-        _name_the_mistyped_argument(add_rms_norm, locals())
+        _explain_the_failure(add_rms_norm, locals())
         raise
 
 
@@ -236,7 +259,7 @@ def add_rms_norm_(
             return output
         return _add_rms_norm_inplace_op(input, residual, weight, eps, offset, cast_before_weight)[0]
     except Exception:  # (re-raised below)
-        _name_the_mistyped_argument(add_rms_norm_, locals())
+        _explain_the_failure(add_rms_norm_, locals())
         raise
 
 
@@ -267,7 +290,7 @@ def layer_norm(
             return _layer_norm.direct(input, weight, bias, eps)
         return _layer_norm_op(input, weight, bias, eps)[0]
     except Exception:  # (re-raised below)
-        _name_the_mistyped_argument(layer_norm, locals())
+        _explain_the_failure(layer_norm, locals())
         raise
 
 
@@ -293,7 +316,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
             return _swiglu.direct(gate, up)
         return _swiglu.forward(gate, up)
     except Exception:  # (re-raised below)
-        _name_the_mistyped_argument(swiglu, locals())
+        _explain_the_failure(swiglu, locals())
         raise
 
 
@@ -320,7 +343,7 @@ def geglu(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
             return _geglu.direct(gate, up, approximate)
         return _geglu.forward(gate, up, approximate)
     except Exception:  # (re-raised below)
-        _name_the_mistyped_argument(geglu, locals())
+        _explain_the_failure(geglu, locals())
         raise
 
 
@@ -336,7 +359,7 @@ def swiglu_packed(gate_up: Tensor) -> Tensor:
             return _swiglu_packed.direct(gate_up)
         return _swiglu_packed.forward(gate_up)
     except Exception:  # (re-raised below)
-        _name_the_mistyped_argument(swiglu_packed, locals())
+        _explain_the_failure(swiglu_packed, locals())
         raise
 
 
@@ -350,7 +373,7 @@ def geglu_packed(gate_up: Tensor, approximate: str = "none") -> Tensor:
             return _geglu_packed.direct(gate_up, approximate)
         return _geglu_packed.forward(gate_up, approximate)
     except Exception:  # (re-raised below)
-        _name_the_mistyped_argument(geglu_packed, locals())
+        _explain_the_failure(geglu_packed, locals())
         raise
 
 
@@ -510,7 +533,7 @@ def rope(
             gpu_check.finish(bad, _rope.position_message("rope", pos, cos4.shape[0]))
         return _rope_back(q_out, layout, q), _rope_back(k_out, layout, k)
     except Exception:  # (re-raised below)
-        _name_the_mistyped_argument(rope, locals())
+        _explain_the_failure(rope, locals())
         raise
 
 
@@ -555,7 +578,7 @@ def rope_(
             gpu_check.finish(bad, _rope.position_message("rope_", pos, cos4.shape[0]))
         return q, k
     except Exception:  # (re-raised below)
-        _name_the_mistyped_argument(rope_, locals())
+        _explain_the_failure(rope_, locals())
         raise
 
 
@@ -677,7 +700,7 @@ def cross_entropy(
             loss = loss.to(logits.dtype)
         return loss
     except Exception:  # (re-raised below)
-        _name_the_mistyped_argument(cross_entropy, locals())
+        _explain_the_failure(cross_entropy, locals())
         raise
 
 
@@ -791,5 +814,5 @@ def linear_cross_entropy(
             loss = loss.to(hidden.dtype)  # as cross_entropy on the logits, which are in hidden's dtype
         return loss
     except Exception:  # (re-raised below)
-        _name_the_mistyped_argument(linear_cross_entropy, locals())
+        _explain_the_failure(linear_cross_entropy, locals())
         raise
