@@ -67,7 +67,6 @@ def _name_the_mistyped_argument(function, arguments):
             ) from None
 
 
-
 # The message of torch's refusal when torch.func's reverse-mode transforms (grad, vjp, jacrev,
 # hessian) meet an autograd formula registered with torch.library.register_autograd, whose
 # generated Function lacks the setup_context functorch needs (pytorch/pytorch#170834).
@@ -89,6 +88,7 @@ def _explain_the_failure(function, arguments):
             "torch.library.register_autograd formulas functorch refuses (pytorch/pytorch#170834); "
             "use torch.autograd.grad or .backward()"
         ) from error
+
 
 # What the schemas take for each scalar annotation (numbers.Real: int, float, numpy's floats;
 # numbers.Integral: int, numpy's integers, and bool, as torch's int arguments; bool: bool only,
