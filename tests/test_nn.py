@@ -157,6 +157,8 @@ def test_modules_run_on_meta(ours, args):
     (fusedops.nn.SwiGLUMLP, (32, 48), {}, lambda: (torch.randn(3, 32),)),
     (fusedops.nn.CrossEntropyLoss, (), {"label_smoothing": 0.1}, lambda: (torch.randn(6, 10), torch.randint(0, 10, (6,)))),
     (fusedops.nn.LinearCrossEntropyLoss, (32, 10), {}, lambda: (torch.randn(6, 32), torch.randint(0, 10, (6,)))),
+    (fusedops.nn.RotaryEmbedding, (16,), {}, lambda: (torch.randn(2, 5, 4, 16, dtype=torch.bfloat16),
+                                                      torch.randint(0, 2048, (2, 5)))),
 ], ids=lambda v: getattr(v, "__name__", None) if isinstance(v, type) else "")
 def test_modules_trace_with_torch_fx(ours, args, options, inputs):
     """torch.fx.symbolic_trace (what FX quantization and Hugging Face's fx tracer run) records

@@ -122,11 +122,13 @@ class RotaryEmbedding(torch.nn.Module):
 
     def forward(self, x: Tensor, position_ids: Tensor):
         """``(cos, sin)`` of shape ``(B, S, dim)`` in x's dtype for ``position_ids`` ``(B, S)``."""
-        # (no autocast context where the device has none: "meta", where models are built for shapes)
+        # (no autocast context where the device has none: "meta", where models are built for
+        # shapes, or torch.fx's symbolic tracing, where the device type is a Proxy and the context
+        # would not be recorded anyway)
         device_type = x.device.type
         no_autocast = (
             torch.autocast(device_type=device_type, enabled=False)
-            if torch.amp.is_autocast_available(device_type)
+            if isinstance(device_type, str) and torch.amp.is_autocast_available(device_type)
             else contextlib.nullcontext()
         )
         with no_autocast:
