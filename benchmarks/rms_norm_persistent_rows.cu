@@ -27,14 +27,6 @@ namespace {
 constexpr int N = 1024;
 constexpr float EPS = 1e-6f;
 
-__device__ __forceinline__ float sumsq8(uint4 v) {
-  float f[8];
-  unpack8(v, f);
-  float s = 0.f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) s = fmaf(f[e], f[e], s);
-  return s;
-}
 __device__ __forceinline__ uint4 scale8(uint4 v, uint4 w, float r) {
   float f[8], g[8];
   unpack8(v, f);
@@ -43,12 +35,6 @@ __device__ __forceinline__ uint4 scale8(uint4 v, uint4 w, float r) {
   for (int e = 0; e < 8; ++e) f[e] = __bfloat162float(__float2bfloat16(f[e] * r)) * g[e];
   return pack8(f);
 }
-__device__ __forceinline__ float warp_sum(float s) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  return s;
-}
-
 // 64 threads a row, two vectors a thread (vector i of the row at thread + 64 i), 4 rows a block.
 __global__ void __launch_bounds__(256, 6) grid_kernel(const uint4* x, const uint4* w, uint4* y, float* rstd, int rows) {
   __shared__ float part[8];
@@ -60,7 +46,7 @@ __global__ void __launch_bounds__(256, 6) grid_kernel(const uint4* x, const uint
     v0 = x[row * (N / 8) + t];
     v1 = x[row * (N / 8) + t + 64];
   }
-  float s = warp_sum(sumsq8(v0) + sumsq8(v1));
+  float s = warp_sum(add_squares8(v1, add_squares8(v0, 0.f)));
   if (threadIdx.x % 32 == 0) part[warp] = s;
   __syncthreads();
   s = part[2 * r] + part[2 * r + 1];
@@ -90,7 +76,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) persistent_kernel(const uint4
     const int next = row + groups;
     uint4 n0{}, n1{};
     if (PREFETCH && next < rows) { n0 = x[int64_t(next) * (N / 8) + t]; n1 = x[int64_t(next) * (N / 8) + t + 64]; }
-    const float s = warp_sum(sumsq8(v0) + sumsq8(v1));
+    const float s = warp_sum(add_squares8(v1, add_squares8(v0, 0.f)));
     if (threadIdx.x % 32 == 0) part[it & 1][warp] = s;
     asm volatile("bar.sync %0, 64;" ::"r"(r + 1) : "memory");
     const float inv = rsqrtf((part[it & 1][2 * r] + part[it & 1][2 * r + 1]) / N + EPS);

@@ -64,6 +64,22 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// s plus the squares of a 16-byte vector's 8 bfloat16 values, in element order.
+__device__ __forceinline__ float add_squares8(uint4 v, float s) {
+  float f[8];
+  unpack8(v, f);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) s = fmaf(f[e], f[e], s);
+  return s;
+}
+
+// The sum over a warp's 32 lanes (the same butterfly, so the same value, on every lane).
+__device__ __forceinline__ float warp_sum(float s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
 // Values in [-2, 2) from a hash of the index: random enough that a misplaced element shows.
 __global__ void fill_hashed(__nv_bfloat16* x, int64_t n, uint32_t seed) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
