@@ -8,18 +8,20 @@
 // The staged kernel gives each row to one cluster of 8 blocks: 49 rows are in flight at once on
 // 132 SMs, the last of 5.2 rounds runs a fifth full, and each row's first bytes wait for its
 // 64 KB chunks to land (docs/ops/rms_norm.md: 0.283 us a row plus 12.4 us a launch). Here the
-// rows are cut into tiles of one warp's VPT 16-byte vectors a lane (VPT x 256 values), dealt to every
-// warp of a resident grid in turn (tile t to warp t mod W), so that every warp has the same work
-// whatever the row count. A warp loads tile k, sums its squares and publishes the sum (one float
-// a tile, then an increment of the row's counter); then it finishes tile k - LAG, still in its
-// registers: it waits for that row's counter to show every tile, adds the row's tile sums in a
-// fixed order (the same result whichever warp asks), and writes y. No thread waits for a block
-// or a cluster; the row's statistics cross the GPU through L2. Rows complete in order, so a
-// warp waits only for tiles that other warps loaded LAG tiles ago; every warp loads tile k
-// before it waits on tile k - LAG, and all warps are resident, so none waits forever.
+// rows are cut into tiles of one warp's VPT 16-byte vectors a lane (VPT x 256 values), dealt to
+// every warp of a resident grid in turn (tile t to warp t mod W), so that every warp has the same
+// work whatever the row count. A warp loads tile k, sums its squares and publishes the sum (one
+// float a tile, then an increment of the row's counter); the row's last tile to arrive adds the
+// row's tile sums once, in a fixed order, and publishes rstd behind the row's ready flag. Then
+// the warp finishes tile k - LAG, still in its registers: it waits for that row's flag and
+// writes y. No thread waits for a block or a cluster; the row's statistics cross the GPU
+// through L2. Rows complete in order, so a warp waits only for tiles that other warps loaded
+// LAG tiles ago; every warp loads tile k before it waits on tile k - LAG, and all warps are
+// resident, so none waits forever.
 //
-// Written 2026-12-07 and compiled (sm_90, ptxas: no spills at the chosen block counts), not yet
-// run: no GPU could be had that session. Its first run goes into docs/ops/rms_norm.md.
+// Result (H100, 2026-12-07; no H200 could be had): slower than the staged cluster kernel at
+// every width, 2.15 TB/s at best at 256x262144 where the staged kernel runs 2.65 and a copy
+// 2.93. Not kept; the figures are in docs/ops/rms_norm.md.
 //
 // Timed as TB/s on the forward's bytes model (read x, write y), beside cudaMemcpy of x's bytes,
 // at 256x262144, 512x131072 and 2048x32768; y and rstd checked against a one-block-a-row kernel.
@@ -55,7 +57,7 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 // vectors loaded before the wait for its row.
 template <int N, int VPT, bool HINTS>
 __device__ __forceinline__ void step(const uint4* __restrict__ x, const uint4* __restrict__ w, uint4* __restrict__ y,
-                                     float* __restrict__ rstd, float* partial, unsigned* done, int64_t tiles,
+                                     float* __restrict__ rstd, float* partial, unsigned* done, unsigned* ready, int64_t tiles,
                                      int64_t t_load, int64_t t_done, uint4 (&in)[VPT], uint4 (&out)[VPT]) {
   constexpr int kTile = 32 * VPT * 8, kTilesPerRow = N / kTile;
   const int lane = threadIdx.x % 32;
@@ -64,10 +66,30 @@ __device__ __forceinline__ void step(const uint4* __restrict__ x, const uint4* _
 #pragma unroll
     for (int i = 0; i < VPT; ++i) in[i] = HINTS ? __ldcs(src + 32 * i) : src[32 * i];
     const float s = warp_sum(sum_squares(in));
+    const int64_t row = t_load / kTilesPerRow;
+    unsigned arrived = 0;
     if (lane == 0) {
       __stcg(partial + t_load, s);
       __threadfence();
-      atomicAdd(done + t_load / kTilesPerRow, 1u);
+      arrived = atomicAdd(done + row, 1u);
+    }
+    // The row's last tile to arrive adds the row's tile sums, once, in a fixed order (each lane
+    // a fixed run, then a fixed butterfly), and publishes rstd behind the row's ready flag.
+    if (__shfl_sync(0xffffffffu, arrived, 0) == unsigned(kTilesPerRow - 1)) {
+      __threadfence();
+      float total = 0.f;
+      constexpr int kPerLane = (kTilesPerRow + 31) / 32;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        const int i = lane * kPerLane + j;
+        if (i < kTilesPerRow) total += __ldcg(partial + row * kTilesPerRow + i);
+      }
+      const float r = rsqrtf(warp_sum(total) / N + EPS);
+      if (lane == 0) {
+        __stcg(rstd + row, r);
+        __threadfence();
+        atomicExch(ready + row, 1u);
+      }
     }
   }
   if (t_done >= 0 && t_done < tiles) {
@@ -76,18 +98,12 @@ __device__ __forceinline__ void step(const uint4* __restrict__ x, const uint4* _
     uint4 wv[VPT];
 #pragma unroll
     for (int i = 0; i < VPT; ++i) wv[i] = w[col_vec + 32 * i];
-    if (lane == 0)
-      while (load_acquire(done + row) < unsigned(kTilesPerRow)) __nanosleep(32);
-    __syncwarp();
-    // The row's tile sums, each lane a fixed run of them, then a fixed butterfly.
-    float s = 0.f;
-    constexpr int kPerLane = (kTilesPerRow + 31) / 32;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int i = lane * kPerLane + j;
-      if (i < kTilesPerRow) s += __ldcg(partial + row * kTilesPerRow + i);
+    float r = 0.f;
+    if (lane == 0) {
+      while (load_acquire(ready + row) == 0) __nanosleep(32);
+      r = __ldcg(rstd + row);
     }
-    const float r = rsqrtf(warp_sum(s) / N + EPS);
+    r = __shfl_sync(0xffffffffu, r, 0);
     uint4* dst = y + t_done * (kTile / 8) + lane;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -99,7 +115,6 @@ __device__ __forceinline__ void step(const uint4* __restrict__ x, const uint4* _
       if (HINTS) __stcs(dst + 32 * i, pack8(f));
       else dst[32 * i] = pack8(f);
     }
-    if (lane == 0 && t_done % kTilesPerRow == 0) rstd[row] = r;
   }
 }
 
@@ -119,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
 #pragma unroll
     for (int j = 0; j <= LAG; ++j) {
       const int64_t k = k0 + j;
-      step<N, VPT, HINTS>(x, w, y, rstd, partial, done, tiles, first + k * warps, first + (k - LAG) * warps, buf[j],
+      step<N, VPT, HINTS>(x, w, y, rstd, partial, done, done + rows, tiles, first + k * warps, first + (k - LAG) * warps, buf[j],
                      buf[(j + 1) % (LAG + 1)]);
     }
   }
@@ -162,7 +177,7 @@ void run(int rows, int sms) {
   unsigned* done;
   CK(cudaMalloc(&x, n * 2)); CK(cudaMalloc(&y, n * 2)); CK(cudaMalloc(&yr, n * 2)); CK(cudaMalloc(&w, N * 2));
   CK(cudaMalloc(&rstd, rows * 4)); CK(cudaMalloc(&rstdr, rows * 4)); CK(cudaMalloc(&diff, 8));
-  CK(cudaMalloc(&partial, tiles * 4)); CK(cudaMalloc(&done, rows * 4));
+  CK(cudaMalloc(&partial, tiles * 4)); CK(cudaMalloc(&done, rows * 8));  // arrivals, then ready flags
   fill_hashed<<<1024, 256>>>(x, n, 1);
   fill_hashed<<<64, 256>>>(w, N, 2);
   reference_kernel<N><<<rows, 1024>>>(x, w, yr, rstdr);
@@ -179,7 +194,7 @@ void run(int rows, int sms) {
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kThreads, 0));
     const unsigned grid = unsigned(sms * fit);
     auto launch = [&] {
-      CK(cudaMemsetAsync(done, 0, rows * 4));
+      CK(cudaMemsetAsync(done, 0, rows * 8));
       kernel<<<grid, kThreads>>>(X, W, Y, rstd, partial, done, rows);
     };
     CK(cudaMemset(y, 0, n * 2));
