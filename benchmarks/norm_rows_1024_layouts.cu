@@ -102,6 +102,20 @@ __global__ void __launch_bounds__(BLOCK, MINB)
   }
 }
 
+// The sum of (x - center)^2 over a thread's VPT vectors, in element order.
+template <int VPT>
+__device__ __forceinline__ float squared_deviations(const uint4 (&v)[VPT], float center) {
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    float f[8];
+    unpack8(v[i], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s = fmaf(f[e] - center, f[e] - center, s);
+  }
+  return s;
+}
+
 // layer_norm, TPR = 32 (a warp a row). CHAN: one reduction of (mean, m2) pairs; else two.
 template <int VPT, int BLOCK, int MINB, bool CHAN>
 __global__ void __launch_bounds__(BLOCK, MINB)
@@ -128,14 +142,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     // The thread's own mean and squared deviations from it, then pairwise merges of equal
     // counts: m = (ma + mb) / 2, m2 = m2a + m2b + (mb - ma)^2 * c / 2 for c values a side.
     constexpr float kInvThread = 1.f / (VPT * 8);
-    float m = s * kInvThread, m2 = 0.f;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      float f[8];
-      unpack8(v[i], f);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) m2 = fmaf(f[e] - m, f[e] - m, m2);
-    }
+    float m = s * kInvThread, m2 = squared_deviations(v, m);
     float c = VPT * 8;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -148,15 +155,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     mu = m, var = m2 * kInvN;
   } else {
     mu = warp_sum(s) * kInvN;
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      float f[8];
-      unpack8(v[i], f);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) ss = fmaf(f[e] - mu, f[e] - mu, ss);
-    }
-    var = warp_sum(ss) * kInvN;
+    var = warp_sum(squared_deviations(v, mu)) * kInvN;
   }
   const float r = rsqrtf(var + EPS), shift = -mu * r;
   if (!live) return;

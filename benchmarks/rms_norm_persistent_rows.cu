@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(256, 6) grid_kernel(const uint4* x, const uint
     v0 = x[row * (N / 8) + t];
     v1 = x[row * (N / 8) + t + 64];
   }
-  float s = warp_sum(add_squares8(v1, add_squares8(v0, 0.f)));
+  float s = warp_sum(add_squares8(v0, 0.f) + add_squares8(v1, 0.f));
   if (threadIdx.x % 32 == 0) part[warp] = s;
   __syncthreads();
   s = part[2 * r] + part[2 * r + 1];
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) persistent_kernel(const uint4
     const int next = row + groups;
     uint4 n0{}, n1{};
     if (PREFETCH && next < rows) { n0 = x[int64_t(next) * (N / 8) + t]; n1 = x[int64_t(next) * (N / 8) + t + 64]; }
-    const float s = warp_sum(add_squares8(v1, add_squares8(v0, 0.f)));
+    const float s = warp_sum(add_squares8(v0, 0.f) + add_squares8(v1, 0.f));
     if (threadIdx.x % 32 == 0) part[it & 1][warp] = s;
     asm volatile("bar.sync %0, 64;" ::"r"(r + 1) : "memory");
     const float inv = rsqrtf((part[it & 1][2 * r] + part[it & 1][2 * r + 1]) / N + EPS);
