@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fusedops
+from fusedops.ops._batching import OPS_WITH_RULES
 from fusedops.testing import OP_TESTS, Sample, check_against_reference, grads_for, outputs_of
 from conftest import device_params
 
@@ -190,6 +191,81 @@ def test_public_function_checks(info, device):
             continue  # a backward op's sample
         with pytest.raises(err.error, match=err.match):
             info.public(*err.sample.args)
+
+
+def _has_batching_rule(info) -> bool:
+    return info.op in OPS_WITH_RULES
+
+
+def _batch_of(a: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """`size` samples like `a` stacked at `dim`: `a` itself, then fresh random values (integer
+    arguments, targets or positions, repeat `a`)."""
+    fresh = torch.randn_like if a.is_floating_point() else torch.clone
+    return torch.stack([a] + [fresh(a) for _ in range(size - 1)], dim)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", OPS)
+def test_vmap(info, device):
+    """torch.func.vmap of the public function equals a loop over the samples, outputs and the
+    gradients through them, with the tensor arguments batched at every dimension in turn, or
+    not batched (a parameter batched too: an ensemble's stacked weights). The ops with a
+    batching rule (ops/_batching.py) run it, never torch's per-sample fallback; the others run
+    the fallback."""
+    size = 3
+    fallback = torch._C._functorch._is_vmap_fallback_enabled()
+    torch._C._functorch._set_vmap_fallback_enabled(not _has_batching_rule(info))
+    try:
+        for s, sample in enumerate(info.samples(device, torch.float32, requires_grad=False, edge=False)):
+            tensors = [i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor)]
+            # the k-th tensor at dimension (s + k) mod (its dims + 2), the last choice unbatched
+            dims = {i: (s + k) % (sample.args[i].dim() + 2) for k, i in enumerate(tensors)}
+            dims = {i: d if d <= sample.args[i].dim() else None for i, d in dims.items()}
+            if all(d is None for d in dims.values()):
+                dims[tensors[0]] = 0
+            args = [a if i not in dims or dims[i] is None else _batch_of(a, dims[i], size)
+                    for i, a in enumerate(sample.args)]
+            leaves = [args[i].requires_grad_() for i in info.grad_argnums
+                      if isinstance(args[i], torch.Tensor)]
+            in_dims = tuple(dims.get(i) for i in range(len(args)))
+            got = outputs_of(torch.func.vmap(info.public, in_dims=in_dims)(*args))
+            each = [
+                outputs_of(info.public(*(a if d is None else a.select(d, j) for a, d in zip(args, in_dims))))
+                for j in range(size)
+            ]
+            want = [torch.stack(outs) for outs in zip(*each)]
+            what = f"{info.name} {sample.desc} in_dims={in_dims}"
+            tol = info.tol[torch.float32]
+            for k, (out, expected) in enumerate(zip(got, want, strict=True)):
+                assert out.shape == expected.shape, f"{what} output {k}"
+                torch.testing.assert_close(
+                    out, expected, atol=tol.atol, rtol=tol.rtol, msg=lambda m: f"{what} output {k}: {m}"
+                )
+            # and the gradients through vmap (autograd outside it), as through the loop
+            pairs = [(o, e) for o, e in zip(got, want) if o.requires_grad]
+            cotangents = grads_for([e for _, e in pairs])
+            through_vmap = torch.autograd.grad([o for o, _ in pairs], leaves, cotangents, allow_unused=True)
+            through_loop = torch.autograd.grad([e for _, e in pairs], leaves, cotangents, allow_unused=True)
+            for g, e in zip(through_vmap, through_loop):
+                torch.testing.assert_close(
+                    g, e, atol=tol.atol, rtol=tol.rtol, msg=lambda m: f"{what} gradient: {m}"
+                )
+    finally:
+        torch._C._functorch._set_vmap_fallback_enabled(fallback)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", [p for p in OPS if _has_batching_rule(p.values[0])])
+def test_vmap_over_no_samples(info, device):
+    """vmap over a batch of none (every tensor batched, the parameters too) gives empty outputs
+    of a sample's shapes: the batching rules take it (torch's fallback refuses it)."""
+    sample = next(iter(info.samples(device, torch.float32, requires_grad=False, edge=False)))
+    none = [a.expand(0, *a.shape) if isinstance(a, torch.Tensor) else a for a in sample.args]
+    in_dims = tuple(0 if isinstance(a, torch.Tensor) else None for a in none)
+    got = outputs_of(torch.func.vmap(info.public, in_dims=in_dims)(*none))
+    want = outputs_of(info.public(*sample.args))
+    assert [o.shape for o in got] == [(0, *w.shape) for w in want]
+    assert [o.dtype for o in got] == [w.dtype for w in want]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -3,7 +3,7 @@ CUDA kernels do not serve CUDA tensors, the Triton kernels registered in their p
 
 Each op lives in ops/<op>.py; importing this package registers them all. Their DTensor
 sharding rules live together in ops/_sharding.py, registered when torch.distributed.tensor is
-imported.
+imported; their vmap batching rules in ops/_batching.py.
 
 Which kernels serve CUDA tensors is settled in two steps. At import (fusedops/_native.py): the
 CUDA kernels when they are built and FUSEDOPS_BACKEND does not say otherwise, else Triton. The
@@ -20,7 +20,7 @@ import torch
 from .. import _native
 from . import add_rms_norm, cross_entropy, geglu, geglu_packed, layer_norm, rms_norm, rope, swiglu, swiglu_packed
 from . import linear_cross_entropy
-from . import _sharding
+from . import _batching, _sharding
 
 # Every public op of the library, by name (the same name as the schema, the C++/Triton files,
 # the docs page and the benchmark id).
@@ -38,6 +38,7 @@ OPS = {
 }
 
 _sharding.register_when_dtensor_is_imported()
+_batching.register_all()
 
 _triton_lib = None
 

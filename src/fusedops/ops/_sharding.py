@@ -10,7 +10,8 @@ halves would land on different ranks. Anything else is replicated first, by DTen
 
 ``RULES`` below holds each op's rule: from the arguments' shapes, the placements it accepts
 (DTensor's ``register_sharding``). The norms and gated activations name the role of every
-argument and output (``_rowwise``); rope shards q and k over the batch, the heads (where
+argument and output (``_rowwise``; the forward ops' roles in ops/_roles.py, which the vmap
+rules read too); rope shards q and k over the batch, the heads (where
 every rank gets whole groups of q heads with their k head) or the sequence, with cos and sin
 following.
 
@@ -30,16 +31,9 @@ import warnings
 import torch
 
 from . import _on_import
+from ._roles import EMPTY, FORWARD, OTHER, PARAM, PARAM_GRAD, ROW, STAT
 
 _DTENSOR = "torch.distributed.tensor"
-
-# Roles, one character per schema argument or output:
-ROW = "x"  # shares the input's leading dimensions: sharded over one of them, or replicated
-STAT = "s"  # one value per row (the input's leading dimensions): sharded with the rows
-PARAM = "w"  # a parameter over the last dimension: replicated
-PARAM_GRAD = "g"  # a parameter's gradient: a partial sum where the rows are sharded
-EMPTY = "0"  # an output the op returns empty (a gradient not asked for, or served by another): replicated
-OTHER = "-"  # not a tensor, or an absent optional tensor
 
 _fusedops = torch.ops.fusedops
 
@@ -152,19 +146,13 @@ def _rope_backward(grad_q_out, grad_k_out, cos, sin, position_ids, *_):
 # op -> its sharding rule: (the op's arguments as called) -> [(outputs' placements, arguments'
 # placements)], the strategies register_sharding takes.
 RULES = {
-    _fusedops.rms_norm.default: _rowwise(("xs", "xw----")),
+    **{op: _rowwise((outs, ins), feature_dim) for op, (outs, ins, feature_dim) in FORWARD.items()},
     _fusedops.rms_norm_backward.default: _rowwise(_rms_norm_backward),
-    _fusedops.add_rms_norm.default: _rowwise(("xxs", "xxw---")),
     _fusedops.add_rms_norm_backward.default: _rowwise(_add_rms_norm_backward),
-    _fusedops.layer_norm.default: _rowwise(("xss", "xww-")),
     _fusedops.layer_norm_backward.default: _rowwise(_layer_norm_backward),
-    _fusedops.swiglu.default: _rowwise(("x", "xx"), feature_dim=True),
     _fusedops.swiglu_backward.default: _rowwise(("xx", "xxx"), feature_dim=True),
-    _fusedops.geglu.default: _rowwise(("x", "xx-"), feature_dim=True),
     _fusedops.geglu_backward.default: _rowwise(("xx", "xxx-"), feature_dim=True),
-    _fusedops.swiglu_packed.default: _rowwise(("x", "x")),
     _fusedops.swiglu_packed_backward.default: _rowwise(("x", "xx")),
-    _fusedops.geglu_packed.default: _rowwise(("x", "x-")),
     _fusedops.geglu_packed_backward.default: _rowwise(("x", "xx-")),
     _fusedops.rope.default: _rope,
     _fusedops.rope_backward.default: _rope_backward,

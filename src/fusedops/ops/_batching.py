@@ -1,0 +1,74 @@
+"""How the ops run under torch.vmap (torch.func.vmap): batching rules.
+
+Without a rule of its own an op under vmap runs torch's fallback: one call per sample, and a
+warning asking for a rule. The norms and gated activations need no loop: they treat each row
+on its own, so the vmapped dimension is just one more leading dimension of their rows. Their
+rule (``_rowwise``, from the roles in ops/_roles.py) moves it to the front of each row
+argument (a view: the kernels take leading strides), broadcasts a row argument that is not
+batched along it (a stride-0 view, no copy), calls the op once, and returns its row outputs and
+per-row statistics batched at dimension 0. Each row goes through the same kernels as under the
+fallback.
+
+A batched parameter (say, an ensemble of models whose weights are stacked, through
+torch.func.functional_call) gives every sample its own weight, which one call cannot take: those
+calls loop over the samples as the fallback would, without its warning.
+
+The in-place forms (``add_rms_norm_``, ``rope_``), rope and the losses have no rule: they keep
+torch's fallback (which refuses the in-place forms). The backward ops have none either: vmap
+reaches them only through torch.func's reverse-mode transforms, which cannot differentiate
+these ops (docs/design.md).
+"""
+
+import torch
+
+from ._roles import FORWARD, PARAM, ROW
+
+
+def _per_sample(op, batch_size, in_dims, args):
+    """op on each sample (a batched argument's slice at its batched dimension), the results
+    stacked at dimension 0."""
+    results = [
+        op(*(a if d is None else a.select(d, i) for a, d in zip(args, in_dims))) for i in range(batch_size)
+    ]
+    if isinstance(results[0], torch.Tensor):
+        return torch.stack(results), 0
+    return tuple(torch.stack(outs) for outs in zip(*results)), (0,) * len(results[0])
+
+
+def _a_sample_of(batched, dim):
+    """An uninitialised tensor of the shape of one sample of `batched` (batched at `dim`)."""
+    shape = list(batched.shape)
+    del shape[dim]
+    return batched.new_empty(shape)
+
+
+def _rowwise(op, outs, ins):
+    """The batching rule of a row-wise op whose arguments have the roles `ins` and whose outputs
+    all share the rows (roles x and s)."""
+
+    def rule(info, in_dims, *args):
+        batch = info.batch_size
+        if any(d is not None for role, d in zip(ins, in_dims) if role == PARAM):
+            if batch > 0:
+                return _per_sample(op, batch, in_dims, args)
+            # No samples, so no rows: any parameter of a sample's shape gives the empty outputs.
+            args = [_a_sample_of(a, d) if role == PARAM and d is not None else a
+                    for role, d, a in zip(ins, in_dims, args)]
+        rows = []
+        for role, d, a in zip(ins, in_dims, args):
+            if role == ROW:
+                a = a.expand(batch, *a.shape) if d is None else a.movedim(d, 0)
+            rows.append(a)
+        return op(*rows), 0 if len(outs) == 1 else (0,) * len(outs)
+
+    return rule
+
+
+# The ops with a batching rule: the out-of-place row-wise forward ops.
+OPS_WITH_RULES = tuple(FORWARD)
+
+
+def register_all() -> None:
+    for op in OPS_WITH_RULES:
+        outs, ins, _ = FORWARD[op]
+        torch.library.register_vmap(op, _rowwise(op, outs, ins))
