@@ -269,6 +269,21 @@ def test_vmap_over_no_samples(info, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", [p for p in OPS if _has_batching_rule(p.values[0])])
+def test_vmap_under_compile(info, device):
+    """torch.compile(fullgraph=True) of a vmapped call traces the batching rule (no graph break)
+    and gives eager vmap's result."""
+    sample = next(iter(info.samples(device, torch.float32, requires_grad=False, edge=False)))
+    batched = [_batch_of(sample.args[0], 0, 3), *sample.args[1:]]
+    in_dims = (0,) + (None,) * (len(batched) - 1)  # the input batched, the rest shared
+    call = torch.func.vmap(info.public, in_dims=in_dims)
+    torch._dynamo.reset()
+    got = outputs_of(torch.compile(call, fullgraph=True)(*batched))
+    for out, want in zip(got, outputs_of(call(*batched)), strict=True):
+        torch.testing.assert_close(out, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty_tensors_of_many_dimensions(device):
     """torch allows an empty tensor of more than 64 dimensions (its own norms refuse one): the ops
     return empty results of the right shapes, forward and backward, instead of overrunning the
