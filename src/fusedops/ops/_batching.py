@@ -54,12 +54,12 @@ def _rowwise(op, outs, ins):
             # No samples, so no rows: any parameter of a sample's shape gives the empty outputs.
             args = [_a_sample_of(a, d) if role == PARAM and d is not None else a
                     for role, d, a in zip(ins, in_dims, args)]
-        rows = []
+        call_args = []
         for role, d, a in zip(ins, in_dims, args):
             if role == ROW:
                 a = a.expand(batch, *a.shape) if d is None else a.movedim(d, 0)
-            rows.append(a)
-        return op(*rows), 0 if len(outs) == 1 else (0,) * len(outs)
+            call_args.append(a)
+        return op(*call_args), 0 if len(outs) == 1 else (0,) * len(outs)
 
     return rule
 
