@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fusedops
-from fusedops.ops._batching import OPS_WITH_RULES
+from fusedops.ops._batching import RULES as BATCHING_RULES
 from fusedops.testing import OP_TESTS, Sample, check_against_reference, grads_for, outputs_of
 from conftest import device_params
 
@@ -194,7 +194,7 @@ def test_public_function_checks(info, device):
 
 
 def _has_batching_rule(info) -> bool:
-    return info.op in OPS_WITH_RULES
+    return info.op in BATCHING_RULES
 
 
 def _batch_of(a: torch.Tensor, dim: int, size: int) -> torch.Tensor:

@@ -13,10 +13,15 @@ A batched parameter (say, an ensemble of models whose weights are stacked, throu
 torch.func.functional_call) gives every sample its own weight, which one call cannot take: those
 calls loop over the samples as the fallback would, without its warning.
 
-The in-place forms (``add_rms_norm_``, ``rope_``), rope and the losses have no rule: they keep
-torch's fallback (which refuses the in-place forms). The backward ops have none either: vmap
-reaches them only through torch.func's reverse-mode transforms, which cannot differentiate
-these ops (docs/design.md).
+rope's q and k (B, H, S, D) take the vmapped dimension into their batch, (V, B) as V * B, where
+that is a view and every sample shares the cos/sin rows (one for all B, or tables indexed by
+positions shared likewise): one call, whose bad-position flag is every sample's. Otherwise it
+loops over the samples.
+
+The in-place forms (``add_rms_norm_``, ``rope_``) and the losses have no rule: they keep torch's
+fallback (which refuses the in-place forms). The backward ops have none either: vmap reaches
+them only through torch.func's reverse-mode transforms, which cannot differentiate these ops
+(docs/design.md).
 """
 
 import torch
@@ -64,11 +69,46 @@ def _rowwise(op, outs, ins):
     return rule
 
 
-# The ops with a batching rule: the out-of-place row-wise forward ops.
-OPS_WITH_RULES = tuple(FORWARD)
+def _merged(t):
+    """t (V, B, ...) as (V * B, ...) without a copy, or None where its strides do not allow it."""
+    try:
+        return t.view(t.shape[0] * t.shape[1], *t.shape[2:])
+    except RuntimeError:
+        return None
+
+
+def _rope(info, in_dims, q, k, cos, sin, position_ids=None, interleaved=False):
+    op = torch.ops.fusedops.rope.default
+    batch = info.batch_size
+    dq, dk, dcos, dsin, dpos = (tuple(in_dims) + (None,) * 5)[:5]
+    per_row = cos if position_ids is None else position_ids  # (1 or B, S, ...)
+    if dcos is None and dsin is None and dpos is None and per_row.dim() > 0 and per_row.shape[0] == 1:
+        qv = q.expand(batch, *q.shape) if dq is None else q.movedim(dq, 0)
+        kv = k.expand(batch, *k.shape) if dk is None else k.movedim(dk, 0)
+        qm, km = _merged(qv), _merged(kv)
+        if qm is not None and km is not None:
+            q_out, k_out, bad = op(qm, km, cos, sin, position_ids, interleaved)
+            return (q_out.unflatten(0, qv.shape[:2]), k_out.unflatten(0, kv.shape[:2]), bad), (0, 0, None)
+    args = (q, k, cos, sin, position_ids, interleaved)
+    if batch > 0:
+        return _per_sample(op, batch, tuple(in_dims) + (None,) * (len(args) - len(in_dims)), args)
+    # No samples: the outputs are q's and k's samples' shapes (and a flag each), of none.
+    q_shape, k_shape = (list(t.shape) for t in (q, k))
+    if dq is not None:
+        del q_shape[dq]
+    if dk is not None:
+        del k_shape[dk]
+    none = (q.new_empty((0, *q_shape)), k.new_empty((0, *k_shape)), q.new_empty((0,), dtype=torch.int64))
+    return none, (0, 0, 0)
+
+
+# op -> its batching rule: the out-of-place row-wise forward ops and rope.
+RULES = {
+    **{op: _rowwise(op, outs, ins) for op, (outs, ins, _) in FORWARD.items()},
+    torch.ops.fusedops.rope.default: _rope,
+}
 
 
 def register_all() -> None:
-    for op in OPS_WITH_RULES:
-        outs, ins, _ = FORWARD[op]
-        torch.library.register_vmap(op, _rowwise(op, outs, ins))
+    for op, rule in RULES.items():
+        torch.library.register_vmap(op, rule)
