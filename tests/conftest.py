@@ -44,3 +44,15 @@ def gpu_memory_to_itself():
         finally:
             torch.cuda.empty_cache()
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def vmap_fallback(enabled: bool):
+    """torch's per-sample vmap fallback on or off inside the block (off: an op without a batching
+    rule raises under vmap instead of looping), restored after."""
+    before = torch._C._functorch._is_vmap_fallback_enabled()
+    torch._C._functorch._set_vmap_fallback_enabled(enabled)
+    try:
+        yield
+    finally:
+        torch._C._functorch._set_vmap_fallback_enabled(before)

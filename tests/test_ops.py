@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import fusedops
 from fusedops.ops._batching import RULES as BATCHING_RULES
 from fusedops.testing import OP_TESTS, Sample, check_against_reference, grads_for, outputs_of
-from conftest import device_params
+from conftest import device_params, vmap_fallback
 
 OPS = [pytest.param(info, id=info.name) for info in OP_TESTS]
 DEVICES = device_params()
@@ -213,9 +213,7 @@ def test_vmap(info, device):
     batching rule (ops/_batching.py) run it, never torch's per-sample fallback; the others run
     the fallback."""
     size = 3
-    fallback = torch._C._functorch._is_vmap_fallback_enabled()
-    torch._C._functorch._set_vmap_fallback_enabled(not _has_batching_rule(info))
-    try:
+    with vmap_fallback(not _has_batching_rule(info)):
         for s, sample in enumerate(info.samples(device, torch.float32, requires_grad=False, edge=False)):
             tensors = [i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor)]
             # the k-th tensor at dimension (s + k) mod (its dims + 2), the last choice unbatched
@@ -250,8 +248,6 @@ def test_vmap(info, device):
                 torch.testing.assert_close(
                     g, e, atol=tol.atol, rtol=tol.rtol, msg=lambda m: f"{what} gradient: {m}"
                 )
-    finally:
-        torch._C._functorch._set_vmap_fallback_enabled(fallback)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fusedops
 from fusedops.testing.rope import _rotation_tables, reference, rotate
-from conftest import HAS_CUDA, device_params
+from conftest import HAS_CUDA, device_params, vmap_fallback
 
 DEVICES = device_params()
 
@@ -494,43 +494,36 @@ def test_vmap_of_shared_tables_is_one_call(layout, indexed, device, monkeypatch)
         raise AssertionError("rope's batching rule looped over the samples")
 
     monkeypatch.setattr(_batching, "_per_sample", no_loop)
-    fallback = torch._C._functorch._is_vmap_fallback_enabled()
-    torch._C._functorch._set_vmap_fallback_enabled(False)  # (nor torch's loop)
-    try:
-        _check_vmap_of_shared_tables(layout, indexed, device)
-    finally:
-        torch._C._functorch._set_vmap_fallback_enabled(fallback)
+    with vmap_fallback(False):  # (nor torch's loop)
+        V, B, S, R = 3, (1 if layout == "thd" else 2), 5, 16
+        stacked = [_layout_tensors(layout, device, torch.float32, B=B, S=S)[:2] for _ in range(V)]
+        q, k = (torch.stack(ts).detach().requires_grad_() for ts in zip(*stacked))
+        rows = B * S if layout == "thd" else S
+        if indexed:
+            cos, sin = torch.randn(2, 7, R, device=device).unbind(0)
+            positions = torch.randint(0, 7, (rows,) if layout == "thd" else (1, S), device=device)
+        else:
+            cos, sin = torch.randn(2, *(() if layout == "thd" else (1,)), rows, R, device=device).unbind(0)
+            positions = None
 
+        def call(q, k, positions=positions, check_positions=True):
+            return fusedops.rope(q, k, cos, sin, layout=layout, position_ids=positions,
+                                 check_positions=check_positions)
 
-def _check_vmap_of_shared_tables(layout, indexed, device):
-    V, B, S, R = 3, (1 if layout == "thd" else 2), 5, 16
-    stacked = [_layout_tensors(layout, device, torch.float32, B=B, S=S)[:2] for _ in range(V)]
-    q, k = (torch.stack(ts).detach().requires_grad_() for ts in zip(*stacked))
-    rows = B * S if layout == "thd" else S
-    if indexed:
-        cos, sin = torch.randn(2, 7, R, device=device).unbind(0)
-        positions = torch.randint(0, 7, (rows,) if layout == "thd" else (1, S), device=device)
-    else:
-        cos, sin = torch.randn(2, *(() if layout == "thd" else (1,)), rows, R, device=device).unbind(0)
-        positions = None
-
-    def call(q, k, positions=positions, check_positions=True):
-        return fusedops.rope(q, k, cos, sin, layout=layout, position_ids=positions, check_positions=check_positions)
-
-    got = torch.func.vmap(call)(q, k)
-    want = [torch.stack(outs) for outs in zip(*(call(q[i], k[i]) for i in range(V)))]
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, atol=0, rtol=0)
-    grads = [torch.randn_like(w) for w in want]
-    through_vmap = torch.autograd.grad(got, (q, k), grads)
-    through_loop = torch.autograd.grad(want, (q, k), grads)
-    for g, w in zip(through_vmap, through_loop, strict=True):
-        torch.testing.assert_close(g, w, atol=0, rtol=0)
-    if indexed:
-        bad = positions.clone()
-        bad.view(-1)[2] = 7
-        with pytest.raises(ValueError, match=r"rope: position_ids\[0, 2\] = 7 is outside the cos/sin tables' 7 rows"):
-            torch.func.vmap(lambda q, k: call(q, k, bad, "sync"))(q.detach(), k.detach())
+        got = torch.func.vmap(call)(q, k)
+        want = [torch.stack(outs) for outs in zip(*(call(q[i], k[i]) for i in range(V)))]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=0, rtol=0)
+        grads = [torch.randn_like(w) for w in want]
+        through_vmap = torch.autograd.grad(got, (q, k), grads)
+        through_loop = torch.autograd.grad(want, (q, k), grads)
+        for g, w in zip(through_vmap, through_loop, strict=True):
+            torch.testing.assert_close(g, w, atol=0, rtol=0)
+        if indexed:
+            bad = positions.clone()
+            bad.view(-1)[2] = 7
+            with pytest.raises(ValueError, match=r"rope: position_ids\[0, 2\] = 7 is outside the cos/sin tables' 7 rows"):
+                torch.func.vmap(lambda q, k: call(q, k, bad, "sync"))(q.detach(), k.detach())
 
 
 @pytest.mark.gpu

@@ -40,11 +40,23 @@ def _per_sample(op, batch_size, in_dims, args):
     return tuple(torch.stack(outs) for outs in zip(*results)), (0,) * len(results[0])
 
 
+def _sample_shape(t, dim):
+    """The shape of one sample of `t`, batched at `dim` (None: not batched)."""
+    shape = list(t.shape)
+    if dim is not None:
+        del shape[dim]
+    return shape
+
+
 def _a_sample_of(batched, dim):
     """An uninitialised tensor of the shape of one sample of `batched` (batched at `dim`)."""
-    shape = list(batched.shape)
-    del shape[dim]
-    return batched.new_empty(shape)
+    return batched.new_empty(_sample_shape(batched, dim))
+
+
+def _batch_first(t, dim, batch):
+    """`t` with its batched dimension `dim` moved to the front, or broadcast along a new one of
+    `batch` (stride 0) where it is not batched: a view either way."""
+    return t.expand(batch, *t.shape) if dim is None else t.movedim(dim, 0)
 
 
 def _rowwise(op, outs, ins):
@@ -62,7 +74,7 @@ def _rowwise(op, outs, ins):
         call_args = []
         for role, d, a in zip(ins, in_dims, args):
             if role == ROW:
-                a = a.expand(batch, *a.shape) if d is None else a.movedim(d, 0)
+                a = _batch_first(a, d, batch)
             call_args.append(a)
         return op(*call_args), 0 if len(outs) == 1 else (0,) * len(outs)
 
@@ -80,25 +92,21 @@ def _merged(t):
 def _rope(info, in_dims, q, k, cos, sin, position_ids=None, interleaved=False):
     op = torch.ops.fusedops.rope.default
     batch = info.batch_size
-    dq, dk, dcos, dsin, dpos = (tuple(in_dims) + (None,) * 5)[:5]
+    args = (q, k, cos, sin, position_ids, interleaved)
+    in_dims = tuple(in_dims) + (None,) * (len(args) - len(in_dims))  # (defaults left out)
+    dq, dk, dcos, dsin, dpos = in_dims[:5]
     per_row = cos if position_ids is None else position_ids  # (1 or B, S, ...)
     if dcos is None and dsin is None and dpos is None and per_row.dim() > 0 and per_row.shape[0] == 1:
-        qv = q.expand(batch, *q.shape) if dq is None else q.movedim(dq, 0)
-        kv = k.expand(batch, *k.shape) if dk is None else k.movedim(dk, 0)
+        qv, kv = _batch_first(q, dq, batch), _batch_first(k, dk, batch)
         qm, km = _merged(qv), _merged(kv)
         if qm is not None and km is not None:
             q_out, k_out, bad = op(qm, km, cos, sin, position_ids, interleaved)
             return (q_out.unflatten(0, qv.shape[:2]), k_out.unflatten(0, kv.shape[:2]), bad), (0, 0, None)
-    args = (q, k, cos, sin, position_ids, interleaved)
     if batch > 0:
-        return _per_sample(op, batch, tuple(in_dims) + (None,) * (len(args) - len(in_dims)), args)
+        return _per_sample(op, batch, in_dims, args)
     # No samples: the outputs are q's and k's samples' shapes (and a flag each), of none.
-    q_shape, k_shape = (list(t.shape) for t in (q, k))
-    if dq is not None:
-        del q_shape[dq]
-    if dk is not None:
-        del k_shape[dk]
-    none = (q.new_empty((0, *q_shape)), k.new_empty((0, *k_shape)), q.new_empty((0,), dtype=torch.int64))
+    none = (q.new_empty((0, *_sample_shape(q, dq))), k.new_empty((0, *_sample_shape(k, dk))),
+            q.new_empty((0,), dtype=torch.int64))
     return none, (0, 0, 0)
 
 
