@@ -510,15 +510,22 @@ def test_vmap_of_shared_tables_is_one_call(layout, indexed, device, monkeypatch)
             return fusedops.rope(q, k, cos, sin, layout=layout, position_ids=positions,
                                  check_positions=check_positions)
 
+        # The one call and the loop run the same kernel on the same values: bit for bit. Except
+        # where Triton serves the call: thd's values came out an ulp or so apart there (H100,
+        # 4.8e-7 at most, on values of order 1). Likely, not isolated: its tile's positions
+        # (BLOCK_P) follow the number of positions, which the fold multiplies, and a kernel
+        # compiled for another tile may contract x * c + x' * n into FMAs differently.
+        exact = fusedops.ops.backend_for("rope", device) != "triton"
+        tol = dict(atol=0, rtol=0) if exact else dict(atol=2e-6, rtol=2e-6)
         got = torch.func.vmap(call)(q, k)
         want = [torch.stack(outs) for outs in zip(*(call(q[i], k[i]) for i in range(V)))]
         for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w, atol=0, rtol=0)
+            torch.testing.assert_close(g, w, **tol)
         grads = [torch.randn_like(w) for w in want]
         through_vmap = torch.autograd.grad(got, (q, k), grads)
         through_loop = torch.autograd.grad(want, (q, k), grads)
         for g, w in zip(through_vmap, through_loop, strict=True):
-            torch.testing.assert_close(g, w, atol=0, rtol=0)
+            torch.testing.assert_close(g, w, **tol)
         if indexed:
             bad = positions.clone()
             bad.view(-1)[2] = 7
