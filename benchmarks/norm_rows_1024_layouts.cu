@@ -15,11 +15,15 @@
 //     this one's 32 allow eight);
 //   - memory hints: x loaded with ld.global.cs (streaming, evict first) or L1::no_allocate, y
 //     stored with st.global.cs;
-//   - layer_norm: two warp reductions (the mean, then the squared deviations from it: the
-//     library's) against one, of each thread's (mean, m2) merged pairwise (Chan et al.).
-// Result (H100, 2026-12-07; no H200 could be had): the library's layout already runs at the copy
-// there (0.999-1.000 of cudaMemcpy); nothing tried beats it beyond noise. The figures are in
-// docs/ops/rms_norm.md; the H200, where the gap is, has yet to run it.
+//   - layer_norm at 32 x 4 (the library's) and 64 x 2, with two reductions (the mean, then the
+//     squared deviations from it: the library's) or one, of each thread's (mean, m2) merged
+//     pairwise (Chan et al.), plain or with the streaming hints.
+// Results (H100, 2026-12-07; no H200 could be had): the library's rms_norm layout already runs at
+// the copy there (0.998-1.000 of cudaMemcpy), 1.003-1.005 with the streaming hints. layer_norm at
+// 64 x 2 (40 registers, six blocks an SM) reaches 0.983-0.985, and 0.998-1.001 with the streaming
+// hints, where 32 x 4 (48 registers and a 20-byte spill here) stays at 0.95 (0.97 streaming).
+// One reduction or two makes no difference. In a scratch build of the library the same hints
+// lost 2-3% on the H100 instead, and were not kept. The figures are in docs/ops/rms_norm.md.
 //
 // Timed as TB/s on the forward's bytes model (read x, write y), beside cudaMemcpy of x's bytes,
 // in two interleaved rounds; every variant's y and statistics are checked against the first
@@ -116,18 +120,19 @@ __device__ __forceinline__ float squared_deviations(const uint4 (&v)[VPT], float
   return s;
 }
 
-// layer_norm, TPR = 32 (a warp a row). CHAN: one reduction of (mean, m2) pairs; else two.
-template <int VPT, int BLOCK, int MINB, bool CHAN>
+// layer_norm, TPR threads a row (32: a warp, 64: two warps meeting in shared memory), memory hint
+// H. CHAN: one reduction of (mean, m2) pairs; else two (the mean, then the squared deviations).
+template <int TPR, int VPT, int BLOCK, int MINB, bool CHAN, int H>
 __global__ void __launch_bounds__(BLOCK, MINB)
     ln_kernel(const uint4* x, const uint4* w, const uint4* b, uint4* y, float* mean, float* rstd, int rows) {
-  constexpr int TPR = 32;
   static_assert(TPR * VPT * 8 == N, "a row is TPR x VPT vectors of 8");
+  __shared__ float part[2][BLOCK / 32];
   const int t = threadIdx.x % TPR;
   const int64_t row = int64_t(blockIdx.x) * (BLOCK / TPR) + threadIdx.x / TPR;
   const bool live = row < rows;
   uint4 v[VPT];
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) v[i] = live ? x[row * (N / 8) + t + i * TPR] : uint4{};
+  for (int i = 0; i < VPT; ++i) v[i] = live ? load_x<H>(x + row * (N / 8) + t + i * TPR) : uint4{};
   constexpr float kInvN = 1.f / N;
   float s = 0.f;
 #pragma unroll
@@ -152,10 +157,18 @@ __global__ void __launch_bounds__(BLOCK, MINB)
       m = 0.5f * (m + mo);
       c *= 2.f;
     }
+    if constexpr (TPR == 64) {  // the row's other warp's pair, through shared memory
+      const int warp = threadIdx.x / 32;
+      if (threadIdx.x % 32 == 0) part[0][warp] = m, part[1][warp] = m2;
+      __syncthreads();
+      const float mo = part[0][warp ^ 1], m2o = part[1][warp ^ 1], d = mo - m;
+      m2 += m2o + d * d * (0.5f * c);
+      m = 0.5f * (m + mo);
+    }
     mu = m, var = m2 * kInvN;
   } else {
-    mu = warp_sum(s) * kInvN;
-    var = warp_sum(squared_deviations(v, mu)) * kInvN;
+    mu = row_sum<TPR>(s, part[0]) * kInvN;
+    var = row_sum<TPR>(squared_deviations(v, mu), part[1]) * kInvN;
   }
   const float r = rsqrtf(var + EPS), shift = -mu * r;
   if (!live) return;
@@ -168,7 +181,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     unpack8(b[t + i * TPR], h);
 #pragma unroll
     for (int e = 0; e < 8; ++e) f[e] = fmaf(fmaf(f[e], r, shift), g[e], h[e]);
-    y[row * (N / 8) + t + i * TPR] = pack8(f);
+    store_y<H>(y + row * (N / 8) + t + i * TPR, pack8(f));
   }
 }
 
@@ -218,10 +231,11 @@ int main() {
           [](const uint4* x, const uint4* w, const uint4*, uint4* y, float* s, int r) {                       \
             rms_kernel<TPR, VPT, BLOCK, MINB, H><<<(r + BLOCK / TPR - 1) / (BLOCK / TPR), BLOCK>>>(x, w, y, s, r); \
           }}
-#define LN(VPT, BLOCK, MINB, CHAN)                                                                              \
-  Variant{"ln 32x" #VPT " block " #BLOCK " lb " #MINB " one merge: " #CHAN,                  \
+#define LN(TPR, VPT, BLOCK, MINB, CHAN, H)                                                                  \
+  Variant{"ln " #TPR "x" #VPT " block " #BLOCK " lb " #MINB " one merge: " #CHAN " " #H,                      \
           [](const uint4* x, const uint4* w, const uint4* b, uint4* y, float* s, int r) {                     \
-            ln_kernel<VPT, BLOCK, MINB, CHAN><<<(r + BLOCK / 32 - 1) / (BLOCK / 32), BLOCK>>>(x, w, b, y, s, s + r, r); \
+            ln_kernel<TPR, VPT, BLOCK, MINB, CHAN, H><<<(r + BLOCK / TPR - 1) / (BLOCK / TPR), BLOCK>>>(     \
+                x, w, b, y, s, s + r, r);                                                                      \
           }}
   // The library's layout held to six blocks an SM: 36 KB of dynamic shared memory a block.
   const auto six_an_sm = [](const uint4* x, const uint4* w, const uint4*, uint4* y, float* s, int r) {
@@ -239,7 +253,10 @@ int main() {
       RMS(32, 4, 256, 6, kStreaming), RMS(64, 2, 128, 12, kPlain),    RMS(16, 8, 256, 4, kPlain),
   };
   const Variant ln[] = {
-      LN(4, 256, 5, false), LN(4, 256, 5, true), LN(4, 256, 6, false), LN(4, 256, 6, true), LN(4, 128, 10, true),
+      LN(32, 4, 256, 5, false, kPlain),     LN(32, 4, 256, 5, true, kPlain),  LN(32, 4, 256, 6, false, kPlain),
+      LN(32, 4, 256, 6, true, kPlain),      LN(32, 4, 128, 10, true, kPlain), LN(32, 4, 256, 5, false, kStreaming),
+      LN(64, 2, 256, 6, false, kPlain),     LN(64, 2, 256, 6, true, kPlain),  LN(64, 2, 256, 6, false, kStreaming),
+      LN(64, 2, 256, 6, true, kStreaming),
   };
   const auto run_group = [&](const Variant* vs, int count) {
     CK(cudaMemset(str, 0, 8 * rows));
