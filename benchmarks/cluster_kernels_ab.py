@@ -5,13 +5,11 @@ forward (2048x32768, 4096x24576, 1024x65536), the wide rms_norm / layer_norm for
 (2048x32768, 1024x65536, 512x131072, 256x262144), the norms' forward+backward there (the cluster backward;
 add_rms_norm also with a float32 residual stream), and cross_entropy's forward+backward
 (8192x128256, 4096x256000: the row kernel in clusters). bf16, medians of
-`triton.testing.do_bench`. Run it in turn under two builds, several rounds alternating, as
-benchmarks/norm_forward_ab.py says; the harness (benchmarks/run.py) is what measures a build
-beside its peers.
+`triton.testing.do_bench`. Run it in turn under two builds, several rounds alternating
+(benchmarks/ab_wheels.sh); the harness (benchmarks/run.py) is what measures a build beside its
+peers.
 
-    for i in 1 2; do for b in old new; do
-      PYTHONPATH=/tmp/$b python benchmarks/cluster_kernels_ab.py
-    done; done
+    ROUNDS=2 bash benchmarks/ab_wheels.sh dist/old/*.whl dist/new/*.whl -- python3 benchmarks/cluster_kernels_ab.py
 """
 
 import argparse

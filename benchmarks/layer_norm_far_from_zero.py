@@ -4,10 +4,10 @@ Rows of 1e5 + N(0, 1) values, the case `tests/test_norm_options.py::test_layer_n
 checks: prints, for each width, the worst |output - float64 reference| / max|w| over 30 seeds
 (8 rows a seed), for fusedops and for `torch.nn.functional.layer_norm` on the same inputs. The
 test allows 0.01. With `--time`, also the forward's TB/s (float32 and bf16, do_bench medians),
-to see that the accuracy costs no speed. Run it under two builds (two wheels on PYTHONPATH) to
-compare them:
+to see that the accuracy costs no speed. Run it under two builds to compare them (each output
+line comes prefixed with its build's label):
 
-    for b in old new; do PYTHONPATH=/tmp/fo-$b python benchmarks/layer_norm_far_from_zero.py --tag $b; done
+    ROUNDS=1 bash benchmarks/ab_wheels.sh dist/old/*.whl dist/new/*.whl -- python3 benchmarks/layer_norm_far_from_zero.py
 """
 
 import argparse

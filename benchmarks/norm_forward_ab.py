@@ -3,11 +3,11 @@
 Prints layer_norm, rms_norm and add_rms_norm forward TB/s (bf16, with weight, and bias for
 layer_norm) at 32768x4096, 4096x8192 and 65536x1024, medians of `triton.testing.do_bench`, on
 one line; with `--fwd-bwd`, forward+backward through autograd instead (5 passes, add_rms_norm
-8). Run it in turn under two builds (say two wheels on PYTHONPATH), several rounds alternating,
-to compare a kernel change in one session on one machine; the harness (benchmarks/run.py) is
-what measures a build beside its peers.
+8). Run it in turn under two builds, several rounds alternating, to compare a kernel change in
+one session on one machine (benchmarks/ab_wheels.sh does the installing and the rounds); the
+harness (benchmarks/run.py) is what measures a build beside its peers.
 
-    for i in 1 2 3; do for b in old new; do PYTHONPATH=/tmp/$b python benchmarks/norm_forward_ab.py; done; done
+    bash benchmarks/ab_wheels.sh dist/old/*.whl dist/new/*.whl -- python3 benchmarks/norm_forward_ab.py
 """
 
 import argparse
