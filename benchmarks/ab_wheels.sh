@@ -20,6 +20,8 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do wheels+=("$1"); shift; done
 }
 shift
 root=${AB_DIR:-/tmp/fusedops-ab}
+peers=()
+[ -d .whl ] && peers=(.whl/*.whl)
 labels=()
 for wheel in "${wheels[@]}"; do
   label=$(basename "$(dirname "$wheel")")
@@ -28,8 +30,6 @@ for wheel in "${wheels[@]}"; do
   done
   labels+=("$label")
   rm -rf "$root/$label"
-  peers=()
-  [ -d .whl ] && peers=(.whl/*.whl)
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$root/$label" "$wheel" "${peers[@]}"
   cp -r src/fusedops/. "$root/$label/fusedops/"
 done

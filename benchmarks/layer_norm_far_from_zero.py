@@ -42,12 +42,11 @@ def worst_errors(n, seeds=30):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tag", default="", help="a label for the lines (say, which build)")
     parser.add_argument("--time", action="store_true", help="also time the forward")
     args = parser.parse_args()
     for n in WIDTHS:
         worst = {k: round(v, 4) for k, v in worst_errors(n).items()}
-        print(args.tag, f"n = {n}: worst |err| / max|w| over 30 seeds:", worst, flush=True)
+        print(f"n = {n}: worst |err| / max|w| over 30 seeds:", worst, flush=True)
     if not args.time:
         return
     for dtype, shapes in TIMED:
@@ -56,11 +55,7 @@ def main():
             w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
             ms = do_bench(lambda x=x, w=w, b=b: fusedops.layer_norm(x, w, b), warmup=50, rep=300)
             tbs = 2 * x.numel() * x.element_size() / ms / 1e9
-            print(
-                args.tag,
-                f"forward {str(dtype)[6:]} {rows}x{n}: {ms * 1e3:.1f} us, {tbs:.3f} TB/s",
-                flush=True,
-            )
+            print(f"forward {str(dtype)[6:]} {rows}x{n}: {ms * 1e3:.1f} us, {tbs:.3f} TB/s", flush=True)
 
 
 if __name__ == "__main__":

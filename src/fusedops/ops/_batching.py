@@ -48,11 +48,6 @@ def _sample_shape(t, dim):
     return shape
 
 
-def _a_sample_of(batched, dim):
-    """An uninitialised tensor of the shape of one sample of `batched` (batched at `dim`)."""
-    return batched.new_empty(_sample_shape(batched, dim))
-
-
 def _batch_first(t, dim, batch):
     """`t` with its batched dimension `dim` moved to the front, or broadcast along a new one of
     `batch` (stride 0) where it is not batched: a view either way."""
@@ -69,7 +64,7 @@ def _rowwise(op, outs, ins):
             if batch > 0:
                 return _per_sample(op, batch, in_dims, args)
             # No samples, so no rows: any parameter of a sample's shape gives the empty outputs.
-            args = [_a_sample_of(a, d) if role == PARAM and d is not None else a
+            args = [a.new_empty(_sample_shape(a, d)) if role == PARAM and d is not None else a
                     for role, d, a in zip(ins, in_dims, args)]
         call_args = []
         for role, d, a in zip(ins, in_dims, args):
