@@ -415,3 +415,23 @@ def test_bench_fusedops_backends_are_checked(bench, capsys):
     assert exc.value.code == 2
     assert "--fusedops-backends: unknown backend(s) ['trition']" in capsys.readouterr().err
     assert bench.parse_args(["--fusedops-backends", "default,triton"]).fusedops_backends == ["default", "triton"]
+
+
+# ---- benchmarks/candidates/ -------------------------------------------------------------------
+
+
+def _candidate_patches():
+    return sorted((ROOT / "benchmarks" / "candidates").glob("*.patch"))
+
+
+@pytest.mark.parametrize("patch", _candidate_patches(), ids=lambda p: p.name)
+def test_candidate_patch_still_applies(patch):
+    """A kernel change kept for a later measurement must still apply to the tree, or the session
+    that can measure it would first have to redo it."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout with git on PATH (the sdist's tests/)")
+    done = subprocess.run(["git", "apply", "--check", str(patch)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, f"{patch.name} no longer applies: {done.stderr}"
