@@ -4,6 +4,8 @@ benchmark. Fast: nothing is built or timed."""
 
 import dataclasses
 import importlib.util
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -310,7 +312,6 @@ def test_main_self_check_covers_the_in_place_forms(monkeypatch, capsys):
 def test_main_self_check_fails_a_wrong_dtype_under_python_O():
     """The self-check's structural checks (output count, dtype, shape) hold under `python -O`,
     which strips `assert` statements: an op returning float32 for bf16 input fails there too."""
-    import subprocess
     import textwrap
 
     script = textwrap.dedent("""
@@ -428,9 +429,6 @@ def _candidate_patches():
 def test_candidate_patch_still_applies(patch):
     """A kernel change kept for a later measurement must still apply to the tree, or the session
     that can measure it would first have to redo it."""
-    import shutil
-    import subprocess
-
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout with git on PATH (the sdist's tests/)")
     done = subprocess.run(["git", "apply", "--check", str(patch)], cwd=ROOT, capture_output=True, text=True)
