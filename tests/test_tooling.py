@@ -433,3 +433,31 @@ def test_candidate_patch_still_applies(patch):
         pytest.skip("not a git checkout with git on PATH (the sdist's tests/)")
     done = subprocess.run(["git", "apply", "--check", str(patch)], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, f"{patch.name} no longer applies: {done.stderr}"
+
+
+def _header_fields(text, name):
+    header = text.split("\ndiff --git ", 1)[0]
+    return [line[len(name) + 2:] for line in header.splitlines() if line.startswith(name + ": ")]
+
+
+@pytest.mark.parametrize("patch", _candidate_patches(), ids=lambda p: p.name)
+def test_candidate_patch_has_what_measure_sh_needs(patch):
+    """benchmarks/candidates/measure.sh times a candidate with its `ab-command:` lines and tests it
+    with its `gpu-tests:` selection, running every build under this tree's Python."""
+    text = patch.read_text()
+    commands = _header_fields(text, "ab-command")
+    assert commands and all(c.startswith("python3 benchmarks/") for c in commands), commands
+    for command in commands:
+        assert (ROOT / command.split()[1]).is_file(), f"{patch.name}: no {command.split()[1]}"
+    assert len(_header_fields(text, "gpu-tests")) == 1, f"{patch.name}: needs one gpu-tests: line"
+    touched = [line.split()[2][2:] for line in text.splitlines() if line.startswith("diff --git ")]
+    assert touched and all(path.startswith(("csrc/", "tests/")) for path in touched), touched
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "benchmarks").rglob("*.sh")), ids=lambda p: p.name)
+def test_benchmark_shell_scripts_parse(script):
+    """The GPU-machine scripts run only there, where a syntax error costs a call: bash -n here."""
+    if shutil.which("bash") is None:
+        pytest.skip("no bash on PATH")
+    done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
