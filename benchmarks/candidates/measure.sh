@@ -61,21 +61,21 @@ if has ab; then
   done
 fi
 
+has test || has sanitize || exit $status
 for name in "${names[@]}"; do
-  has test || has sanitize || break
   patch="$here/$name.patch"
   selection=$(field "$patch" gpu-tests | head -1)
   [ -n "$selection" ] || { echo "$name.patch has no gpu-tests: line" >&2; status=1; continue; }
-  site=/tmp/fusedops-candidate/$name work=/tmp/fusedops-candidate/$name-tree
-  rm -rf "$site" "$work" && mkdir -p "$work"
+  work=/tmp/fusedops-candidate/$name-tree
+  rm -rf "$work" && mkdir -p "$work"
   tar --exclude=./.git --exclude=./.venv --exclude=./dist --exclude=./.whl --exclude=./build \
     --exclude=./gpu-out -cf - . | tar -xf - -C "$work"
   if command -v git >/dev/null; then apply=(git apply); else apply=(patch -p1 -s); fi
   (cd "$work" && "${apply[@]}" <"$patch") || { echo "$name: the patch does not apply" >&2; status=1; continue; }
-  peers=()
-  [ -d .whl ] && peers=(.whl/*.whl)
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" dist/"$name"/*.whl "${peers[@]}"
-  cp -r "$work/src/fusedops/." "$site/fusedops/"
+  # The wheel with the peers and this tree's Python (the patch leaves src/ as it is), where the
+  # A/B puts it.
+  site=${AB_DIR:-/tmp/fusedops-ab}/$name
+  ROUNDS=1 bash benchmarks/ab_wheels.sh dist/"$name"/*.whl -- true >/dev/null || { status=1; continue; }
   if has test; then
     for backend in cuda triton; do
       (cd "$work" && PYTHONPATH=$site FUSEDOPS_BACKEND=$backend timeout ${TEST_TIMEOUT:-300} \
